@@ -1,0 +1,273 @@
+"""``slotrunner demo``: the whole stack on this machine, a few agent jobs, a summary.
+
+Starts what it needs as child processes (the embedded Redis unless REDIS_URL is set,
+the tool server, a Celery worker), builds a small git repository with a real
+``unittest`` suite, enqueues scripted jobs that patch it and run its tests, shows
+progress, then replays one job's buffered apply with its old envelope to show the
+fence refusing it, and prints what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from runner.cli_common import CliError, friendly, load_settings
+
+CALC_PY = '''"""A tiny calculator with a bug the demo's agent jobs fix."""
+
+
+def add(a, b):
+    return a + b
+
+
+def mean(values):
+    return sum(values) / (len(values) + 1)  # off by one
+'''
+
+TEST_CALC_PY = """import unittest
+
+import calc
+
+
+class CalcTest(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(calc.add(2, 3), 5)
+
+    def test_mean(self):
+        self.assertEqual(calc.mean([1, 2, 3]), 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+
+FIX_PATCH = """diff --git a/calc.py b/calc.py
+--- a/calc.py
++++ b/calc.py
+@@ -6,4 +6,4 @@ def add(a, b):
+\x20
+\x20
+ def mean(values):
+-    return sum(values) / (len(values) + 1)  # off by one
++    return sum(values) / len(values)
+"""
+
+
+def make_sample_repo(path: Path) -> str:
+    """A git repository with a failing test; returns its HEAD commit."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "calc.py").write_text(CALC_PY)
+    (path / "test_calc.py").write_text(TEST_CALC_PY)
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "demo",
+        "GIT_AUTHOR_EMAIL": "demo@localhost",
+        "GIT_COMMITTER_NAME": "demo",
+        "GIT_COMMITTER_EMAIL": "demo@localhost",
+    }
+    for argv in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "-m", "calculator with an off-by-one"],
+    ):
+        subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=path, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def demo_spec(repo: Path, base: str, index: int, run_id: str) -> dict[str, Any]:
+    return {
+        "job_id": f"demo-{run_id}-{index:02d}",
+        "eval_run": f"demo-{run_id}",
+        "repo": str(repo),
+        "base": base,
+        "test_command": [sys.executable, "-m", "unittest", "-q"],
+        "planner": {
+            "kind": "scripted",
+            "steps": [
+                {"tool": "read_file", "args": {"path": "calc.py"}},
+                {"tool": "apply_patch", "args": {"patch": FIX_PATCH}},
+                {
+                    "tool": "write_file",
+                    "args": {
+                        "path": f"notes/job-{index:02d}.md",
+                        "content": f"fixed mean() in job {index}\n",
+                    },
+                },
+                {"tool": "run_tests", "args": {}},
+                {"tool": "git_status", "args": {}},
+            ],
+        },
+    }
+
+
+def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    with open(log_path, "rb") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == "tool_result" and record.get("job_id") in job_ids:
+                key = record["outcome"]
+                if record.get("reason"):
+                    key += f" ({record['reason']})"
+                counts[key] += 1
+    return counts
+
+
+@click.command()
+@click.option(
+    "--jobs",
+    "n_jobs",
+    type=click.IntRange(1, 200),
+    default=8,
+    show_default=True,
+    help="How many agent jobs to run.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Give up waiting after this many seconds.",
+)
+@friendly
+def demo(n_jobs: int, timeout_s: float) -> None:
+    """Run N scripted agent jobs end to end on a local stack and summarise them."""
+    import uuid
+
+    from runner.celery_app import create_app
+    from runner.redis_server import connect, resolve_url
+    from runner.stack import StackError, free_port, stack_env, start_toolserver, start_worker
+    from runner.submit import submit, wait_for
+
+    console = Console()
+    settings = load_settings()
+    url = resolve_url(settings)
+    port = free_port()
+    settings = settings.with_(toolserver_url=f"http://127.0.0.1:{port}", redis_url=url)
+    env = stack_env(
+        os.environ,
+        REDIS_URL=url,
+        SLOTRUNNER_HOME=str(settings.home),
+        SLOTRUNNER_TOOLSERVER_URL=settings.toolserver_url,
+        SLOTRUNNER_SLOTS=str(settings.slots),
+    )
+    run_id = uuid.uuid4().hex[:6]
+    run_dir = settings.home / "demo" / run_id
+    repo = run_dir / "sample-repo"
+    base = make_sample_repo(repo)
+    console.print(
+        f"slotrunner demo [bold]{run_id}[/]: home {settings.home}, Redis {url}, "
+        f"{settings.slots} slots, {n_jobs} jobs"
+    )
+    children = []
+    try:
+        children.append(start_toolserver(env, port, run_dir))
+        children.append(start_worker(env, run_dir, concurrency=2))
+        app = create_app(settings, redis_url=url)
+        client = connect(settings)
+        ids = [
+            submit(app, client, demo_spec(repo, base, i, run_id)).job_id or ""
+            for i in range(n_jobs)
+        ]
+        with Progress(
+            TextColumn("jobs"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("jobs", total=n_jobs)
+            results = wait_for(
+                client,
+                ids,
+                timeout_s,
+                on_progress=lambda done: progress.update(task, completed=len(done)),
+            )
+        fence = _replay_stale_apply(settings, results.get(ids[0]), ids[0])
+    except StackError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        for child in reversed(children):
+            child.stop()
+    _summary(console, settings.log_path, ids, results, fence)
+    if len(results) < n_jobs or any(r.state != "succeeded" for r in results.values()):
+        sys.exit(1)
+
+
+def _replay_stale_apply(settings: Any, first: Any, job_id: str) -> str:
+    """Seed 004's replay: job 1's apply, resent with its old envelope after recycling."""
+    from tools.client import ToolClient, ToolRefused
+    from tools.envelope import Envelope
+
+    if first is None or first.slot_id is None or first.generation is None:
+        return "skipped (the first job has no result)"
+    envelope = Envelope(
+        job_id=job_id,
+        attempt=first.attempt,
+        slot_id=first.slot_id,
+        generation=first.generation,
+        tool="apply_patch",
+        idempotency_key=f"{job_id}:replay",
+    )
+    client = ToolClient(settings.toolserver_url, token=settings.token)
+    try:
+        client.call(envelope, {"patch": FIX_PATCH}, slot_dir=None, deadline_s=10)
+    except ToolRefused as exc:
+        return f"refused: {exc.reason}"
+    finally:
+        client.close()
+    return "APPLIED (the fence did not hold!)"
+
+
+def _summary(
+    console: Console, log_path: Path, ids: list[str], results: dict[str, Any], fence: str
+) -> None:
+    states = Counter(r.state for r in results.values())
+    states["unfinished"] = len(ids) - len(results)
+    table = Table("state", "slot", "gen", "calls", "replayed", "receipts", "final_tree")
+    table.add_column("job", no_wrap=True)
+    table.columns.insert(0, table.columns.pop())
+    for job_id in ids:
+        r = results.get(job_id)
+        if r is None:
+            table.add_row(job_id, "unfinished", "", "", "", "", "", "")
+            continue
+        table.add_row(
+            job_id,
+            r.state,
+            r.slot_id or "-",
+            str(r.generation or "-"),
+            str(r.counts.tool_calls),
+            str(r.counts.replayed),
+            str(r.counts.receipts),
+            (r.final_tree or "")[:12],
+        )
+    console.print(table)
+    console.print("jobs by state: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()) if v))
+    outcomes = _tool_outcomes(log_path, set(ids))
+    console.print(
+        "tool calls by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+    )
+    receipts = sum(r.counts.receipts for r in results.values())
+    refusals = sum(v for k, v in outcomes.items() if k.startswith("refused"))
+    console.print(f"receipts {receipts}, refusals {refusals}")
+    console.print(f"replay of job 1's apply with its old envelope: {fence}")
+    console.print(f"log: {log_path}")

@@ -1,0 +1,54 @@
+"""Every Redis key slotrunner uses, in one place.
+
+    slotrunner:slot:{host}:{slot_id}:generation   int   mirror of a slot's generation
+                                                          (I5; the local stamp is the
+                                                          high-water mark, this the copy)
+    slotrunner:job:{job_id}:attempt               int   attempt fence: INCR per start
+    slotrunner:job:{job_id}:heartbeat             str   "{attempt}" with a TTL, renewed
+                                                          by the running attempt
+    slotrunner:job:{job_id}:result                str   JSON JobResult, committed once by
+                                                          the current attempt (CAS in Lua)
+    slotrunner:job:{job_id}:state                 str   queued|running|<terminal state>
+    slotrunner:job:{job_id}:spec                  str   JSON JobSpec as submitted
+    slotrunner:job:{job_id}:cancel                str   set when a cancel was requested
+    slotrunner:jobs                               zset  job ids by submit time
+    admission:{eval_run}:*                              see runner/admission.py
+
+None of them may be evicted: a worker refuses to start against a Redis whose
+``maxmemory-policy`` evicts keys (runner/preflight.py).
+"""
+
+from __future__ import annotations
+
+PREFIX = "slotrunner"
+
+
+def slot_generation(host: str, slot_id: str) -> str:
+    return f"{PREFIX}:slot:{host}:{slot_id}:generation"
+
+
+def job_attempt(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:attempt"
+
+
+def job_heartbeat(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:heartbeat"
+
+
+def job_result(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:result"
+
+
+def job_state(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:state"
+
+
+def job_spec(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:spec"
+
+
+def job_cancel(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:cancel"
+
+
+JOBS = f"{PREFIX}:jobs"

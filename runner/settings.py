@@ -1,0 +1,101 @@
+"""Settings, read once from the environment into one frozen object.
+
+Nothing in slotrunner reads ``os.environ`` for its own configuration anywhere else:
+a process builds a :class:`Settings` at its edge (CLI, Celery app factory, server
+factory) and passes it down.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+SandboxMode = Literal["required", "auto", "off"]
+_SANDBOX_MODES: tuple[SandboxMode, ...] = ("required", "auto", "off")
+
+
+class SettingsError(ValueError):
+    """An environment variable has a value slotrunner cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    redis_url: str | None
+    slots: int
+    toolserver_url: str
+    lease_ttl_s: float
+    token: str | None
+    sandbox: SandboxMode
+    host: str
+
+    @property
+    def slots_dir(self) -> Path:
+        return self.home / "slots"
+
+    @property
+    def repos_dir(self) -> Path:
+        return self.home / "repos"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def log_path(self) -> Path:
+        return self.logs_dir / "slotrunner.jsonl"
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        home = Path(env.get("SLOTRUNNER_HOME", "./.slotrunner")).expanduser().absolute()
+        sandbox = env.get("SLOTRUNNER_SANDBOX", "auto").strip().lower()
+        if sandbox not in _SANDBOX_MODES:
+            raise SettingsError(
+                f"SLOTRUNNER_SANDBOX={sandbox!r}: expected one of {', '.join(_SANDBOX_MODES)}"
+            )
+        return cls(
+            home=home,
+            redis_url=env.get("REDIS_URL") or None,
+            slots=_positive_int(env, "SLOTRUNNER_SLOTS", 4),
+            toolserver_url=env.get("SLOTRUNNER_TOOLSERVER_URL", "http://127.0.0.1:8765").rstrip(
+                "/"
+            ),
+            lease_ttl_s=_positive_float(env, "SLOTRUNNER_LEASE_TTL_S", 600.0),
+            token=env.get("SLOTRUNNER_TOKEN") or None,
+            sandbox=sandbox,  # type: ignore[arg-type]
+            host=env.get("SLOTRUNNER_HOST_ID") or socket.gethostname(),
+        )
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a whole number") from None
+    if value < 1:
+        raise SettingsError(f"{name}={raw!r}: must be at least 1")
+    return value
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a number of seconds") from None
+    if not value > 0:
+        raise SettingsError(f"{name}={raw!r}: must be greater than 0")
+    return value

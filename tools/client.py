@@ -1,0 +1,314 @@
+"""The worker's side of a tool call: envelope check, retry classifier, then HTTP.
+
+Nothing is sent whose envelope the local stamp already refuses. Every transport
+failure is classified (``tools.classifier``) before anything is retried, and the
+retry loop is stamina's, driven by the classifier's decision; the classifier is
+the only place that says *whether* to retry. A mutating call whose outcome is
+unknown is resolved by reading its receipt (``reconcile``), never by replaying it
+blindly; a resend happens only when the receipt store proves it never applied and
+the lease is still live, and it carries the same key, so the server keeps it at
+most once. Exception tree::
+
+    ToolCallError
+     +-- StaleEnvelope      refused locally, nothing sent (I1)
+     +-- ToolRefused        the server said no (4xx with a reason)
+     +-- OutcomeUnknown     sent, no answer, and the receipt store cannot tell
+     +-- TransportFailed    not sent or not answered, and not retried further
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import stamina
+
+from runner.stamp import StampError, read_stamp, utc_now
+from tools import classifier, registry
+from tools.classifier import Action, FailureKind
+from tools.envelope import Envelope, check
+from tools.reasons import Reason
+
+MAX_ATTEMPTS = 6
+
+
+class ToolCallError(Exception):
+    """Base of the client's errors."""
+
+    reason: str = "error"
+
+    def __init__(self, message: str, reason: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+        self.status = status
+
+
+class StaleEnvelope(ToolCallError):
+    pass
+
+
+class ToolRefused(ToolCallError):
+    pass
+
+
+class OutcomeUnknown(ToolCallError):
+    reason = Reason.OUTCOME_UNKNOWN.value
+
+
+class TransportFailed(ToolCallError):
+    pass
+
+
+@dataclass(frozen=True)
+class ToolResponse:
+    result: dict[str, Any]
+    receipt: dict[str, Any] | None
+    replayed: bool
+    reconciled: bool = False
+
+
+class _Failure(Exception):
+    """One attempt's failure, with the classifier's decision attached."""
+
+    def __init__(self, kind: FailureKind, decision: classifier.Decision, detail: str) -> None:
+        super().__init__(f"{kind.value}: {detail}")
+        self.kind = kind
+        self.decision = decision
+
+
+_RETRYING = {Action.RETRY_AFTER_HEADER, Action.RETRY_ONCE, Action.RETRY_ONLY_WITH_RECEIPT}
+
+
+class ToolClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        headers = {"x-slotrunner-token": token} if token else {}
+        # Transport retries off: the classifier decides every retry, never httpx.
+        self.http = httpx.Client(
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout_s,
+            transport=transport or httpx.HTTPTransport(retries=0),
+        )
+        self.clock = clock
+        self.decisions: Counter[str] = Counter()
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- one call ---------------------------------------------------------------
+
+    def call(
+        self,
+        envelope: Envelope,
+        args: dict[str, Any],
+        *,
+        slot_dir: Path | None = None,
+        deadline_s: float = 300.0,
+    ) -> ToolResponse:
+        spec = registry.get(envelope.tool)
+        mutating = spec.mutating if spec is not None else True
+        self._check_local(envelope, slot_dir, mutating)
+        started = time.monotonic()
+        body = {"envelope": envelope.model_dump(), "args": args}
+        attempt = 0
+
+        def hook(exc: Exception) -> bool | float:
+            if isinstance(exc, _Failure) and exc.decision.action in _RETRYING:
+                self.decisions[exc.decision.action.value] += 1
+                return exc.decision.delay_s
+            return False
+
+        try:
+            for retry in stamina.retry_context(
+                on=hook,
+                attempts=MAX_ATTEMPTS,
+                timeout=deadline_s,
+                wait_initial=0.05,
+                wait_max=5.0,
+                wait_jitter=0.05,
+            ):
+                with retry:
+                    attempt += 1
+                    # The same key and envelope on every attempt: only this call is
+                    # ever resent, never some other buffered request (seed 004).
+                    if attempt > 1:
+                        self._check_local(envelope, slot_dir, mutating)
+                    return self._attempt(envelope, body, slot_dir, attempt, started, deadline_s)
+        except _Failure as exc:
+            if exc.decision.action == Action.RECONCILE:
+                self.decisions[Action.RECONCILE.value] += 1
+                return self._reconcile(envelope, body, slot_dir, started, deadline_s, exc)
+            self.decisions[exc.decision.action.value] += 1
+            raise TransportFailed(
+                f"{envelope.tool} failed: {exc} ({exc.decision.reason})", exc.kind.value
+            ) from None
+        raise TransportFailed(f"{envelope.tool}: no attempt was made")  # pragma: no cover
+
+    def _check_local(self, envelope: Envelope, slot_dir: Path | None, mutating: bool) -> None:
+        if slot_dir is None:
+            return
+        try:
+            stamp = read_stamp(slot_dir)
+        except StampError as exc:
+            raise StaleEnvelope(str(exc), Reason.SLOT_JOB_MISMATCH.value) from None
+        if stamp is None:
+            raise StaleEnvelope(f"{slot_dir} has no stamp", Reason.SLOT_JOB_MISMATCH.value)
+        reason = check(stamp, envelope, mutating=mutating, now=self.clock())
+        if reason is not None:
+            raise StaleEnvelope(f"refused before sending: {reason.value}", reason.value)
+
+    def _attempt(
+        self,
+        envelope: Envelope,
+        body: dict[str, Any],
+        slot_dir: Path | None,
+        attempt: int,
+        started: float,
+        deadline_s: float,
+    ) -> ToolResponse:
+        tool = envelope.tool
+        try:
+            response = self.http.post(f"/v1/tools/{tool}", json=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._failure(
+                tool, FailureKind.CONNECT_ERROR, attempt, started, deadline_s, None, exc
+            ) from exc
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout) as exc:
+            raise self._failure(
+                tool, FailureKind.READ_TIMEOUT, attempt, started, deadline_s, None, exc
+            ) from exc
+        except httpx.TransportError as exc:
+            raise self._failure(
+                tool, FailureKind.CONNECTION_LOST, attempt, started, deadline_s, None, exc
+            ) from exc
+        if response.status_code == 429:
+            failure = self._failure(
+                tool,
+                FailureKind.HTTP_429,
+                attempt,
+                started,
+                deadline_s,
+                response.headers.get("retry-after"),
+                response.text,
+            )
+            if (
+                failure.decision.action == Action.RETRY_ONLY_WITH_RECEIPT
+                and envelope.idempotency_key
+            ):
+                found = self._lookup(envelope)
+                if found is not None:
+                    return found
+            raise failure
+        if response.status_code >= 500:
+            raise self._failure(
+                tool, FailureKind.HTTP_5XX, attempt, started, deadline_s, None, response.text
+            )
+        return _decode(response)
+
+    def _failure(
+        self,
+        tool: str,
+        kind: FailureKind,
+        attempt: int,
+        started: float,
+        deadline_s: float,
+        retry_after: str | None,
+        detail: object,
+    ) -> _Failure:
+        decision = classifier.classify(
+            tool,
+            kind,
+            attempt=attempt,
+            elapsed_s=time.monotonic() - started,
+            deadline_s=deadline_s,
+            retry_after=retry_after,
+            now=self.clock(),
+        )
+        return _Failure(kind, decision, str(detail)[:300])
+
+    # -- outcome unknown --------------------------------------------------------
+
+    def _lookup(self, envelope: Envelope) -> ToolResponse | None:
+        response = self.http.get(
+            f"/v1/receipts/{envelope.idempotency_key}", params={"slot": envelope.slot_id}
+        )
+        if response.status_code == 200:
+            receipt = response.json()["receipt"]
+            return ToolResponse(
+                receipt.get("result") or {}, receipt, replayed=True, reconciled=True
+            )
+        if response.status_code == 404:
+            return None
+        raise OutcomeUnknown(
+            f"receipt lookup answered {response.status_code}", status=response.status_code
+        )
+
+    def _reconcile(
+        self,
+        envelope: Envelope,
+        body: dict[str, Any],
+        slot_dir: Path | None,
+        started: float,
+        deadline_s: float,
+        failure: _Failure,
+    ) -> ToolResponse:
+        """Sent, no answer: ask the receipt store, resend only what provably never applied."""
+        if not envelope.idempotency_key:
+            raise OutcomeUnknown(f"{envelope.tool}: {failure} and the call has no idempotency key")
+        for _ in range(MAX_ATTEMPTS):
+            if time.monotonic() - started > deadline_s:
+                break
+            try:
+                found = self._lookup(envelope)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            if found is not None:
+                return found
+            # Absent: it never applied. Resend the same key, only while our lease is
+            # live; the server's put-if-absent keeps it at most once.
+            self._check_local(envelope, slot_dir, True)
+            try:
+                response = self.http.post(f"/v1/tools/{envelope.tool}", json=body)
+            except httpx.TransportError:
+                continue
+            if response.status_code < 500 and response.status_code != 429:
+                return _decode(response)
+            time.sleep(0.2)
+        raise OutcomeUnknown(
+            f"{envelope.tool} ({envelope.idempotency_key}): {failure}; "
+            "the receipt store could not settle it before the deadline"
+        )
+
+
+def _decode(response: httpx.Response) -> ToolResponse:
+    try:
+        data = response.json()
+    except ValueError:
+        raise ToolRefused(
+            f"HTTP {response.status_code} with a body that is not JSON", status=response.status_code
+        ) from None
+    if response.status_code == 200:
+        return ToolResponse(
+            data.get("result") or {}, data.get("receipt"), bool(data.get("replayed"))
+        )
+    reason = data.get("error", "refused") if isinstance(data, dict) else "refused"
+    message = data.get("message", reason) if isinstance(data, dict) else str(data)
+    raise ToolRefused(
+        f"HTTP {response.status_code} {reason}: {message}", reason, response.status_code
+    )
