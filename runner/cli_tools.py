@@ -31,7 +31,7 @@ def table(as_json: bool) -> None:
         emit_json(classifier.table_rows())
         return
     console = Console()
-    console.print(classifier.format_table())
+    click.echo(classifier.format_table())
     settings = load_settings()
     if settings.sandbox == "off":
         console.print("sandbox: off (SLOTRUNNER_SANDBOX=off)")
