@@ -36,6 +36,9 @@ from tools.envelope import Envelope, check
 from tools.reasons import Reason
 
 MAX_ATTEMPTS = 6
+MAX_RESENDS = 3
+# Tells the server which classifier decision a resend came from (its retry metrics).
+RETRY_HEADER = "x-slotrunner-retry"
 
 
 class ToolCallError(Exception):
@@ -106,6 +109,7 @@ class ToolClient:
         )
         self.clock = clock
         self.decisions: Counter[str] = Counter()
+        self._last_decision = ""
 
     def close(self) -> None:
         self.http.close()
@@ -130,6 +134,7 @@ class ToolClient:
         def hook(exc: Exception) -> bool | float:
             if isinstance(exc, _Failure) and exc.decision.action in _RETRYING:
                 self.decisions[exc.decision.action.value] += 1
+                self._last_decision = exc.decision.action.value
                 return exc.decision.delay_s
             return False
 
@@ -183,7 +188,8 @@ class ToolClient:
     ) -> ToolResponse:
         tool = envelope.tool
         try:
-            response = self.http.post(f"/v1/tools/{tool}", json=body)
+            headers = {RETRY_HEADER: self._last_decision} if attempt > 1 else None
+            response = self.http.post(f"/v1/tools/{tool}", json=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._failure(
                 tool, FailureKind.CONNECT_ERROR, attempt, started, deadline_s, None, exc
@@ -267,33 +273,63 @@ class ToolClient:
         deadline_s: float,
         failure: _Failure,
     ) -> ToolResponse:
-        """Sent, no answer: ask the receipt store, resend only what provably never applied."""
+        """Sent, no answer: ask the receipt store; resend only what provably never applied.
+
+        Runs until the deadline: the server may be restarting (a crash between intent
+        and outcome), and its receipt store is the only authority on what happened.
+        """
         if not envelope.idempotency_key:
             raise OutcomeUnknown(f"{envelope.tool}: {failure} and the call has no idempotency key")
-        for _ in range(MAX_ATTEMPTS):
-            if time.monotonic() - started > deadline_s:
-                break
-            try:
-                found = self._lookup(envelope)
-            except httpx.TransportError:
-                time.sleep(0.2)
-                continue
-            if found is not None:
-                return found
-            # Absent: it never applied. Resend the same key, only while our lease is
-            # live; the server's put-if-absent keeps it at most once.
-            self._check_local(envelope, slot_dir, True)
-            try:
-                response = self.http.post(f"/v1/tools/{envelope.tool}", json=body)
-            except httpx.TransportError:
-                continue
-            if response.status_code < 500 and response.status_code != 429:
-                return _decode(response)
-            time.sleep(0.2)
+        remaining = deadline_s - (time.monotonic() - started)
+        resends = 0
+
+        def hook(exc: Exception) -> bool | float:
+            if isinstance(exc, _Unsettled):
+                return exc.delay_s
+            return isinstance(exc, httpx.TransportError)
+
+        try:
+            for retry in stamina.retry_context(
+                on=hook, attempts=None, timeout=max(remaining, 0.001),
+                wait_initial=0.1, wait_max=1.0, wait_jitter=0.1,
+            ):  # fmt: skip
+                with retry:
+                    found = self._lookup(envelope)
+                    if found is not None:
+                        return found
+                    if resends >= MAX_RESENDS:
+                        break
+                    # Absent: it never applied. Resend the same key, only while our
+                    # lease is live; the server's put-if-absent keeps it at most once.
+                    self._check_local(envelope, slot_dir, True)
+                    resends += 1
+                    self.decisions["resend_after_reconcile"] += 1
+                    response = self.http.post(
+                        f"/v1/tools/{envelope.tool}", json=body,
+                        headers={RETRY_HEADER: Action.RECONCILE.value},
+                    )  # fmt: skip
+                    if response.status_code == 429:
+                        wait = classifier.parse_retry_after(
+                            response.headers.get("retry-after"), self.clock()
+                        )
+                        raise _Unsettled(wait if wait is not None else 1.0)
+                    if response.status_code >= 500:
+                        raise _Unsettled(0.2)
+                    return _decode(response)
+        except (httpx.TransportError, _Unsettled):
+            pass
         raise OutcomeUnknown(
             f"{envelope.tool} ({envelope.idempotency_key}): {failure}; "
             "the receipt store could not settle it before the deadline"
         )
+
+
+class _Unsettled(Exception):
+    """A resend after reconcile was answered 429/5xx: look again after a delay."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(f"unsettled, retry in {delay_s:.2f}s")
+        self.delay_s = delay_s
 
 
 def _decode(response: httpx.Response) -> ToolResponse:

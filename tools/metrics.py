@@ -29,6 +29,12 @@ class ToolMetrics:
         self.in_flight = Gauge(
             "slotrunner_executions_in_flight", "Tool executions running now", registry=self.registry
         )
+        self.receipt_write_s = Histogram(
+            "slotrunner_receipt_write_seconds",
+            "Latency of one durable receipt record (append + fsync)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=self.registry,
+        )
         self.service_s = Histogram(
             "slotrunner_tool_service_seconds",
             "Time spent applying a call",

@@ -59,9 +59,15 @@ def create_app(
         raise ServerConfigError(
             f"refusing to listen on {bind_host} without a token: set SLOTRUNNER_TOKEN"
         )
-    service = ToolService(settings)
-    event_log = log or EventLog(settings)
     metrics = ToolMetrics()
+    event_log = log or EventLog(settings)
+
+    def emit_resolved(**fields: Any) -> None:
+        event_log.emit(events.TOOL_RESULT, **fields)
+
+    service = ToolService(
+        settings, on_receipt_write=metrics.receipt_write_s.observe, emit=emit_resolved
+    )
     gate = threading.BoundedSemaphore(max_concurrent)
     app = FastAPI(title="slotrunner tool server", version="0.1.0")
     app.state.service = service
@@ -116,6 +122,9 @@ def create_app(
     @app.post("/v1/tools/{tool}")
     async def call_tool(tool: str, request: Request) -> Response:
         started = time.monotonic()
+        decision = request.headers.get("x-slotrunner-retry")
+        if decision:
+            metrics.retries.labels(decision[:40]).inc()
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
             return respond(

@@ -63,11 +63,28 @@ def _describe(exc: ValidationError) -> str:
 
 
 class ToolService:
-    def __init__(self, settings: Settings, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], datetime] = utc_now,
+        on_receipt_write: Callable[[float], None] | None = None,
+        emit: Callable[..., None] | None = None,
+    ) -> None:
         self.settings = settings
+        self.emit = emit
         self.clock = clock
+        self.on_receipt_write = on_receipt_write
         self._stores: dict[str, ReceiptStore] = {}
         self.fence_disabled = os.environ.get(DISABLE_ENV) == "1"
+
+    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one receipt operation, reporting its latency when it wrote a record."""
+        started = time.perf_counter()
+        result = fn(*args, **kwargs)
+        # A begin that found an existing receipt wrote nothing: not an fsync to time.
+        if self.on_receipt_write is not None and getattr(result, "fresh", True):
+            self.on_receipt_write(time.perf_counter() - started)
+        return result
 
     def store(self, slot_id: str) -> ReceiptStore:
         store = self._stores.get(slot_id)
@@ -186,7 +203,8 @@ class ToolService:
         except builtin.ToolFailed as exc:
             return refused(422, Reason.MALFORMED, exc.message, **log)
         try:
-            begun = store.begin(
+            begun = self._timed(
+                store.begin,
                 key=envelope.idempotency_key,
                 job_id=envelope.job_id,
                 attempt=envelope.attempt,
@@ -204,12 +222,12 @@ class ToolService:
             if receipt.status != Status.INTENT:
                 return _replayed(receipt, log)
             # An intent with no outcome: a crash or a lost reply. Look at the tree.
-            if observe(ctx, receipt):
-                try:
-                    done = store.finish(receipt, Status.APPLIED, detail="resolved_from_tree")
-                except ReceiptDurabilityError as exc:
-                    return self._poison(ctx, exc, log)
-                return _replayed(done, log)
+            try:
+                resolved = self._resolve(ctx, store, receipt)
+            except ReceiptDurabilityError as exc:
+                return self._poison(ctx, exc, log)
+            if resolved.status == Status.APPLIED:
+                return _replayed(resolved, log)
         started = time.monotonic()
         status, result, detail, http = Status.APPLIED, None, None, 200
         try:
@@ -227,8 +245,13 @@ class ToolService:
         log["service_ms"] = round((time.monotonic() - started) * 1000.0, 2)
         _maybe_crash(spec.name)
         try:
-            done = store.finish(
-                receipt, status, detail=detail, result=result, digest=(result or {}).get("digest")
+            done = self._timed(
+                store.finish,
+                receipt,
+                status,
+                detail=detail,
+                result=result,
+                digest=(result or {}).get("digest"),
             )
         except ReceiptDurabilityError as exc:
             return self._poison(ctx, exc, log)
@@ -289,7 +312,19 @@ class ToolService:
     def _resolve(self, ctx: builtin.Context, store: ReceiptStore, intent: Receipt) -> Receipt:
         """Turn an open intent into an outcome when the tree proves it happened."""
         if observe(ctx, intent):
-            return store.finish(intent, Status.APPLIED, detail="resolved_from_tree")
+            done = self._timed(store.finish, intent, Status.APPLIED, detail="resolved_from_tree")
+            if self.emit is not None:
+                # The apply happened but its line was never written (the process died
+                # before its reply): write it now so the detector's history is whole.
+                self.emit(
+                    job_id=done.job_id, attempt=done.attempt, slot_id=done.slot_id,
+                    slot_generation=done.generation, tool=done.tool,
+                    idempotency_key=done.key, outcome=events.OUTCOME_APPLIED,
+                    reason="resolved_from_tree", receipt_job=done.job_id,
+                    receipt_generation=done.generation, http_status=0,
+                    queue_wait_ms=0.0, service_ms=0.0,
+                )  # fmt: skip
+            return done
         # Not applied: the intent stays open, so a retry with the same key applies it
         # (once); answering "failed" here would burn a key whose effect never ran.
         return intent
