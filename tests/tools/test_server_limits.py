@@ -11,7 +11,9 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from runner.logs import EventLog
 from runner.settings import Settings
@@ -71,7 +73,7 @@ def test_oversized_body_is_413(toolserver: ToolServer) -> None:
 
 
 def test_saturated_server_answers_429_with_retry_after(settings: Settings, tmp_path: Path) -> None:
-    """With max-concurrent 1 and a long run_tests in flight, the next call gets 429 + Retry-After."""
+    """With max-concurrent 1 and a run_tests in flight, the next call gets 429 + Retry-After."""
     from tools.builtin import write_job
 
     port = free_port()
@@ -141,7 +143,7 @@ def test_saturated_server_answers_429_with_retry_after(settings: Settings, tmp_p
 def test_metrics_expose_calls_refusals_retries_and_fsync_latency(
     toolserver: ToolServer, tmp_path: Path
 ) -> None:
-    """/metrics counts calls by outcome, refusals by reason, retries by decision, receipt latency."""
+    """/metrics: calls by outcome, refusals by reason, retries by decision, receipt latency."""
     repo = tmp_path / "repo"
     base = make_repo(repo)
     settings = toolserver.settings
@@ -188,7 +190,7 @@ def test_metrics_expose_calls_refusals_retries_and_fsync_latency(
 
 # -- fuzz: no input makes the server answer 5xx -------------------------------------
 
-_text = st.text(alphabet=string.printable + "é∕．\x00", max_size=40)
+_text = st.text(alphabet=string.printable + "\u00e9\u2215\uff0e\x00", max_size=40)
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | _text,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
