@@ -35,17 +35,51 @@ def slots() -> None:
 
 @slots.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON list of stamps.")
+@click.option("--watch", is_flag=True, help="Refresh the table until Ctrl-C.")
+@click.option(
+    "--interval",
+    "interval_s",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="With --watch: seconds between refreshes.",
+)
 @friendly
-def list_slots(as_json: bool) -> None:
-    """Every slot with its generation, holder, state and lease expiry."""
+def list_slots(as_json: bool, watch: bool, interval_s: float) -> None:
+    """Every slot with its generation, holder, state, age and lease expiry."""
     _, pool = _pool()
     pool.ensure_layout()
-    stamps = pool.list()
     if as_json:
-        emit_json([s.model_dump() for s in stamps])
+        emit_json([s.model_dump() for s in pool.list()])
         return
+    if not watch:
+        Console().print(_table(pool.list()))
+        return
+    import time
+
+    from rich.live import Live
+
+    with Live(_table(pool.list()), refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval_s)
+                live.update(_table(pool.list()))
+        except KeyboardInterrupt:
+            pass
+
+
+def _table(stamps: list[Stamp]) -> Table:
     now = utc_now()
-    table = Table("slot", "generation", "job", "attempt", "state", "age", "lease expires")
+    table = Table(
+        "slot",
+        "generation",
+        "job",
+        "attempt",
+        "state",
+        "age",
+        "lease expires",
+        caption=f"{now:%H:%M:%S} UTC",
+    )
     for s in stamps:
         table.add_row(
             s.slot_id,
@@ -56,7 +90,7 @@ def list_slots(as_json: bool) -> None:
             _age(s, now),
             s.lease_expires_at or "-",
         )
-    Console().print(table)
+    return table
 
 
 @slots.command("lease")

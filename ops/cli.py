@@ -1,0 +1,369 @@
+"""``slotrunner ops``: find incidents in the event logs, and prove the invariants over them.
+
+Exit codes: 0 clean, 1 incidents (detect) or violations (verify), 2 unusable input
+(no such file, unreadable, not a log at all) or bad usage. Unusable input wins over
+incidents: the verdict is incomplete; the incidents found are still reported.
+Run standalone as ``python -m ops.cli``; the lead mounts :data:`ops` under
+``slotrunner``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ops.detect import DETECT_KINDS, Incident, Malformed, Replay, Tally, judge_records, read_records
+from ops.follow import Follower, FollowError
+from ops.page import PageError, Pager
+from ops.pool import PoolBrake
+from ops.verify import verify as verify_logs
+from runner.settings import Settings, SettingsError
+
+PAGE_BATCH = 256  # incidents per page call in a one-shot run (the first goes alone, at once)
+RETRY_GAP_S = 10.0  # after a failed delivery, wait this long unless new incidents arrive
+
+
+def _console() -> Console:
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=220)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    raise SystemExit(2)
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        _fail(str(exc))
+
+
+def _json_line(obj: object) -> None:
+    click.echo(json.dumps(obj))
+
+
+_COLUMNS = ("kind", "where", "host", "slot", "gen", "job", "tool", "key", "ts")
+
+
+def _row(i: Incident) -> tuple[Text, ...]:
+    # Text, not str: a key or job id with [brackets] must not be read as rich markup.
+    return tuple(map(Text, _cells(i)))
+
+
+def _cells(i: Incident) -> tuple[str, ...]:
+    return (
+        i.kind,
+        f"{i.path}:{i.line}",
+        i.host,
+        i.slot_id,
+        str(i.generation),
+        i.job_id,
+        i.tool,
+        i.idempotency_key,
+        i.ts,
+    )
+
+
+class Report:
+    """Where findings go: one JSON object per line as they come, or a table at the end."""
+
+    def __init__(self, as_json: bool, live: bool = False) -> None:
+        self.as_json, self.live = as_json, live
+        self.console = _console()
+        self.counts: Counter[str] = Counter()
+        self._rows: list[Incident] = []
+
+    def item(self, item: Incident | Malformed) -> None:
+        if isinstance(item, Incident):
+            self.counts[item.kind] += 1
+        if self.as_json:
+            _json_line(item.to_json())
+        elif isinstance(item, Incident):
+            if self.live:
+                self.console.print(
+                    Text("INCIDENT ", style="bold red") + Text("  ".join(_cells(item)))
+                )
+            else:
+                self._rows.append(item)
+
+    def summary(self, lines: int, malformed: int, kinds: Sequence[str]) -> None:
+        incidents = {k: self.counts[k] for k in kinds}
+        if self.as_json:
+            _json_line(
+                {"kind": "summary", "lines": lines, "malformed": malformed, "incidents": incidents}
+            )
+            return
+        if self._rows:
+            table = Table(*_COLUMNS, title="incidents", title_justify="left")
+            for incident in self._rows:
+                table.add_row(*_row(incident))
+            self.console.print(table)
+        found = ", ".join(f"{k} {n}" for k, n in incidents.items() if n) or "none"
+        self.console.print(f"{lines} lines read, {malformed} malformed; incidents: {found}")
+
+
+class Responder:
+    """What an incident sets off beyond the report: the pool brake, then the page."""
+
+    def __init__(
+        self,
+        pager: Pager | None,
+        brake: PoolBrake | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pager, self.brake, self._clock = pager, brake, clock
+        self._retry_at = 0.0
+        self.failed = False
+
+    def __call__(self, incidents: list[Incident]) -> None:
+        note = None
+        if incidents and self.brake is not None:
+            first = self.brake.note is None
+            note = self.brake.pull()
+            if first:
+                click.echo(note, err=True)
+        if self.pager is None:
+            return
+        fresh = self.pager.enqueue(incidents, note)
+        if not self.pager.pending or (not fresh and self._clock() < self._retry_at):
+            return
+        try:
+            self.pager.deliver()
+            self.failed = False
+        except PageError as exc:
+            self.failed = True
+            self._retry_at = self._clock() + RETRY_GAP_S
+            click.echo(f"error: {exc} ({self.pager.pending} alerts kept to retry)", err=True)
+
+
+@click.group(name="ops")
+def ops() -> None:
+    """Find incidents in slotrunner's event logs and check the invariants over them."""
+
+
+@ops.command()
+@click.argument("paths", nargs=-1)
+@click.option("--follow", is_flag=True, help="Keep reading as the logs grow (rotation-safe).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--webhook", metavar="URL", help="Page here (Alertmanager /api/v2/alerts body).")
+@click.option("--stop-pool", is_flag=True, help="On the first incident, cancel the consumers.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Offsets, timelines, page log [$SLOTRUNNER_HOME/detector].",
+)
+def detect(
+    paths: tuple[str, ...],
+    follow: bool,
+    as_json: bool,
+    webhook: str | None,
+    stop_pool: bool,
+    state_dir: Path | None,
+) -> None:
+    """Report cross-job, stale-generation, unowned and duplicate applies in PATH... (files,
+    globs, .gz, - for stdin; default: this host's log). Exit 0 clean, 1 incidents, 2 unusable."""
+    inputs = list(paths) if paths else [str(_settings().log_path)]
+    if state_dir is None and (follow or webhook):
+        state_dir = _settings().home / "detector"
+    if webhook and not webhook.startswith(("http://", "https://")):
+        _fail(f"--webhook {webhook!r}: expected an http:// or https:// URL")
+    try:
+        pager = Pager(webhook, state_dir) if webhook and state_dir else None
+    except OSError as exc:
+        _fail(f"--state-dir {state_dir}: {exc.strerror or exc}")
+    brake = PoolBrake(_broker_url) if stop_pool else None
+    respond = Responder(pager, brake)
+    try:
+        if follow:
+            assert state_dir is not None
+            code = _follow(inputs, state_dir, as_json, respond)
+        else:
+            code = _scan(inputs, as_json, respond)
+    finally:
+        if pager is not None:
+            pager.close()
+    if respond.failed:
+        click.echo("error: some pages were not delivered", err=True)
+    raise SystemExit(code)
+
+
+def _broker_url() -> str:
+    from runner.redis_server import resolve_url  # only when the brake is pulled
+
+    return resolve_url(Settings.from_env())
+
+
+def _scan(inputs: list[str], as_json: bool, respond: Responder) -> int:
+    report = Report(as_json)
+    records, tallies = read_records(inputs)
+    batch: list[Incident] = []
+    for item in judge_records(records, Replay()):
+        report.item(item)
+        if isinstance(item, Incident):
+            batch.append(item)
+            if len(batch) >= PAGE_BATCH or sum(report.counts.values()) == 1:
+                respond(batch)
+                batch = []
+    respond(batch)
+    report.summary(sum(t.lines for t in tallies), sum(t.malformed for t in tallies), DETECT_KINDS)
+    return _exit_code(tallies, report)
+
+
+def _exit_code(tallies: list[Tally], report: Report) -> int:
+    for tally in tallies:
+        if tally.problem is not None:
+            click.echo(f"error: {tally.label}: {tally.problem}", err=True)
+    if any(t.problem is not None for t in tallies):
+        return 2
+    return 1 if report.counts else 0
+
+
+def _follow(inputs: list[str], state_dir: Path, as_json: bool, respond: Responder) -> int:
+    if "-" in inputs:
+        _fail("--follow reads files; stdin cannot be followed")
+    report = Report(as_json, live=True)
+
+    def sink(items: list[Incident | Malformed]) -> None:
+        for item in items:
+            report.item(item)
+        respond([i for i in items if isinstance(i, Incident)])
+
+    def warn(message: str) -> None:
+        click.echo(f"warning: {message}", err=True)
+
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        follower = Follower(inputs, state_dir, sink, warn=warn)
+    except FollowError as exc:
+        _fail(str(exc))
+    try:
+        follower.run(stop)
+    except KeyboardInterrupt:
+        pass
+    except FollowError as exc:
+        _fail(str(exc))
+    finally:
+        follower.close()
+    report.summary(follower.lines, follower.malformed, DETECT_KINDS)
+    return 1 if report.counts else 0
+
+
+@ops.command()
+@click.argument("paths", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def verify(paths: tuple[str, ...], as_json: bool) -> None:
+    """Prove I1 (every apply inside its owner's lease) and I2 (every key applied at most
+    once) over PATH... Exit 0 holds, 1 violated, 2 unusable input."""
+    inputs = list(paths) or [str(_settings().log_path)]
+    shown: list[Incident] = []
+
+    def on_item(item: Incident | Malformed) -> None:
+        if as_json:
+            _json_line(item.to_json())
+        elif isinstance(item, Incident):
+            shown.append(item)
+
+    proof = verify_logs(inputs, on_item)
+    for path, why in proof.unusable.items():
+        click.echo(f"error: {path}: {why}", err=True)
+    if as_json:
+        _json_line(proof.to_json())
+        raise SystemExit(proof.exit_code)
+    console = _console()
+    if shown:
+        table = Table(*_COLUMNS, title="violations", title_justify="left")
+        for incident in shown:
+            table.add_row(*_row(incident))
+        console.print(table)
+    counts = Table("checked", "count", title="verify", title_justify="left")
+    for name in ("lines", "malformed", "leases", "releases", "applies", "keys"):
+        counts.add_row(name, str(getattr(proof, name)))
+    for kind, n in proof.violations.items():
+        counts.add_row(kind, str(n))
+    console.print(counts)
+    if proof.unusable:
+        verdict = "[bold red]INCOMPLETE (unusable input)[/]"
+    else:
+        verdict = "[green]I1 and I2 hold[/]" if proof.holds else "[bold red]VIOLATED[/]"
+    console.print(f"{verdict} over {proof.applies} applies of {proof.keys} keys")
+    raise SystemExit(proof.exit_code)
+
+
+@ops.command()
+@click.argument("job_id")
+@click.option(
+    "--which",
+    type=click.Choice(["start", "end"]),
+    default="start",
+    show_default=True,
+    help="Which snapshot of the job to put back.",
+)
+@click.option(
+    "--to",
+    "to",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write into this new or empty directory instead of the job's slot.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Overwrite a slot another live job holds (only once the pool is stopped).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def restore(job_id: str, which: str, to: Path | None, force: bool, as_json: bool) -> None:
+    """Put JOB_ID's snapshot back (into its slot, or --to DIR) and verify the tree id.
+
+    Receipts and logs are left as they are, for audit."""
+    from ops.restore import RestoreError
+    from ops.restore import restore as do_restore
+    from runner.workspace import WorkspaceError
+
+    settings = _settings()
+    try:
+        done = do_restore(
+            settings,
+            job_id,
+            which=which,
+            to=to,
+            force=force,
+            broker_url=_broker_url() if force else None,
+        )
+    except (RestoreError, WorkspaceError) as exc:
+        _fail(str(exc))
+    if as_json:
+        _json_line(
+            {
+                "job_id": done.job_id,
+                "which": done.which,
+                "target": done.target,
+                "tree": done.tree,
+                "commit": done.commit,
+                "slot_id": done.slot_id,
+            }
+        )
+    else:
+        click.echo(f"restored {done.which} snapshot of {done.job_id} into {done.target}")
+        click.echo(f"tree {done.tree} verified")
+
+
+def main() -> None:
+    ops(prog_name="slotrunner ops")
+
+
+if __name__ == "__main__":
+    main()

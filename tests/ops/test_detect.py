@@ -1,0 +1,857 @@
+"""ops.detect: the rules, the reader, the CLI, and a generated log of every incident kind."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+from click.testing import CliRunner
+
+from ops.cli import ops
+from ops.detect import (
+    DETECT_KINDS,
+    Apply,
+    Incident,
+    Kind,
+    Lease,
+    Malformed,
+    Replay,
+    SlotState,
+    judge_apply,
+    judge_records,
+    parse_line,
+    read_records,
+)
+from runner import events
+from tools.registry import MUTATING_TOOLS, TOOLS
+
+MUTATING = sorted(MUTATING_TOOLS)
+READ_ONLY = sorted(set(TOOLS) - MUTATING_TOOLS)
+REPO = Path(__file__).resolve().parents[2]
+T0 = datetime(2025, 3, 1, tzinfo=UTC)
+
+# -- a log generator, reusable by the follow/verify tests and for long runs -------------
+
+
+@dataclass
+class _Slot:
+    generation: int = 0
+    job: str | None = None
+    attempt: int = 1
+    calls_left: int = 0
+    keys: list[str] = field(default_factory=list)
+    prev_job: str | None = None  # the job of generation - 1
+    prev_keys: list[str] = field(default_factory=list)
+
+
+INJECTIONS: dict[str, tuple[str, ...]] = {
+    # variant -> the kinds the detector must report on that one line
+    "cross_job_owner": (Kind.CROSS_JOB,),
+    "cross_job_receipt": (Kind.CROSS_JOB,),
+    "stale": (Kind.STALE,),
+    "duplicate": (Kind.DUPLICATE,),
+    "unowned_slot": (Kind.UNOWNED,),
+    "unowned_generation": (Kind.UNOWNED,),
+    "seed_replay": (Kind.STALE, Kind.DUPLICATE),  # seed 004: old envelope, same key
+}
+GARBAGE = ("truncated_apply", "truncated_lease", "binary", "non_object", "missing_field")
+
+
+class LogSynth:
+    """Writes a plausible multi-host event log and remembers exactly what it injected.
+
+    ``out`` is one stream for every host, or one stream per host (then each host's
+    lines go to its own file and ``paths`` names them). Normal traffic (reads,
+    applies, replays, refused stale replays, foreign-receipt refusals, failures)
+    holds no incident; only :meth:`inject` adds them, recorded in ``expected`` as
+    ``(kind, path, line)``; garbage lines go to ``malformed`` as ``(path, line)``.
+    """
+
+    def __init__(
+        self, out: dict[str, BinaryIO], paths: dict[str, str], slots: int = 4, seed: int = 0
+    ) -> None:
+        self.out, self.paths = out, paths
+        self.rng = random.Random(seed)
+        self.slots = {(h, f"S{i}"): _Slot() for h in out for i in range(slots)}
+        self.lines: Counter[str] = Counter()
+        self.expected: set[tuple[str, str, int]] = set()
+        self.malformed: set[tuple[str, int]] = set()
+        self.meta: dict[tuple[str, int], dict[str, object]] = {}  # kept when keep_meta
+        self.keep_meta = False
+        self._tick = 0
+        self._seq = 0
+
+    # -- writing --
+    def _ts(self) -> str:
+        self._tick += 1
+        return (T0 + timedelta(milliseconds=self._tick)).isoformat().replace("+00:00", "Z")
+
+    def raw(self, host: str, data: bytes) -> tuple[str, int]:
+        path = self.paths[host]
+        self.out[host].write(data + b"\n")
+        self.lines[path] += 1
+        return path, self.lines[path]
+
+    def emit(self, host: str, event: str, **fields: object) -> tuple[str, int]:
+        record = {"event": event, **fields, "host": host, "ts": self._ts()}
+        where = self.raw(host, json.dumps(record).encode())
+        if self.keep_meta:
+            self.meta[where] = record
+        return where
+
+    def _key(self, job: str) -> str:
+        self._seq += 1
+        return f"{job}:k{self._seq}"
+
+    def result(
+        self,
+        host: str,
+        slot_id: str,
+        gen: int,
+        job: str,
+        tool: str,
+        outcome: str,
+        key: str,
+        attempt: int = 1,
+        **extra: object,
+    ) -> tuple[str, int]:
+        return self.emit(
+            host,
+            events.TOOL_RESULT,
+            job_id=job,
+            attempt=attempt,
+            slot_id=slot_id,
+            slot_generation=gen,
+            tool=tool,
+            idempotency_key=key,
+            outcome=outcome,
+            http_status=extra.pop("http_status", 200),
+            queue_wait_ms=0.4,
+            service_ms=3.1,
+            **extra,
+        )
+
+    # -- normal traffic --
+    def step(self) -> None:
+        host, slot_id = self.rng.choice(list(self.slots))
+        s = self.slots[(host, slot_id)]
+        rng = self.rng
+        if s.job is None:
+            self._seq += 1
+            s.generation += 1
+            s.job, s.attempt, s.keys = f"job-{self._seq}", rng.choice((1, 1, 2)), []
+            s.calls_left = rng.randint(2, 14)
+            self.emit(
+                host,
+                events.SLOT_LEASED,
+                slot_id=slot_id,
+                generation=s.generation,
+                job_id=s.job,
+                attempt=s.attempt,
+            )
+            return
+        job, gen, att = s.job, s.generation, s.attempt
+        if s.calls_left == 0:
+            self.emit(
+                host, events.SLOT_RELEASED, slot_id=slot_id, generation=gen, job_id=job, attempt=att
+            )
+            s.prev_job, s.prev_keys, s.job = job, s.keys, None
+            return
+        s.calls_left -= 1
+        roll = rng.random()
+        if roll < 0.40:
+            self.result(
+                host,
+                slot_id,
+                gen,
+                job,
+                rng.choice(READ_ONLY),
+                events.OUTCOME_READ,
+                f"{job}:r{self._seq}",
+                att,
+            )
+        elif roll < 0.75 or not s.keys:
+            key = self._key(job)
+            s.keys.append(key)
+            self.result(
+                host,
+                slot_id,
+                gen,
+                job,
+                rng.choice(MUTATING),
+                events.OUTCOME_APPLIED,
+                key,
+                att,
+                receipt_job=job,
+                receipt_generation=gen,
+            )
+        elif roll < 0.83:
+            self.result(
+                host,
+                slot_id,
+                gen,
+                job,
+                rng.choice(MUTATING),
+                events.OUTCOME_REPLAYED,
+                rng.choice(s.keys),
+                att,
+                receipt_job=job,
+                receipt_generation=gen,
+            )
+        elif roll < 0.90 and s.prev_job is not None:
+            # The server refusing the seed-004 replay: an old envelope, nothing applied.
+            self.result(
+                host,
+                slot_id,
+                gen - 1,
+                s.prev_job,
+                "apply_patch",
+                events.OUTCOME_REFUSED,
+                rng.choice(s.prev_keys or ["k-none"]),
+                reason="stale_generation",
+                http_status=409,
+            )
+        elif roll < 0.93 and s.prev_job is not None:
+            self.result(
+                host,
+                slot_id,
+                gen,
+                job,
+                "apply_patch",
+                events.OUTCOME_REFUSED,
+                self._key(job),
+                att,
+                reason="key_bound_to_other_job",
+                http_status=409,
+                receipt_job=s.prev_job,
+                receipt_generation=gen - 1,
+            )
+        else:
+            self.result(
+                host,
+                slot_id,
+                gen,
+                job,
+                rng.choice(MUTATING),
+                events.OUTCOME_FAILED,
+                self._key(job),
+                att,
+                reason="tool_failed",
+                receipt_job=job,
+                receipt_generation=gen,
+            )
+
+    # -- incidents --
+    def inject(self, variant: str, tool: str) -> bool:
+        """Write one incident line of ``variant``; False when no slot is in a state for it."""
+        rng = self.rng
+        live = [(w, s) for w, s in self.slots.items() if s.job is not None]
+        if variant in ("cross_job_owner", "cross_job_receipt", "duplicate", "unowned_generation"):
+            live = [(w, s) for w, s in live if s.keys or variant != "duplicate"]
+            if not live:
+                return False
+            (host, slot_id), s = rng.choice(live)
+            assert s.job is not None
+            if variant == "cross_job_owner":
+                intruder = f"intruder-{self._seq}"
+                where = self.result(
+                    host,
+                    slot_id,
+                    s.generation,
+                    intruder,
+                    tool,
+                    events.OUTCOME_APPLIED,
+                    self._key(intruder),
+                    receipt_job=intruder,
+                )
+            elif variant == "cross_job_receipt":
+                where = self.result(
+                    host,
+                    slot_id,
+                    s.generation,
+                    s.job,
+                    tool,
+                    events.OUTCOME_APPLIED,
+                    self._key(s.job),
+                    s.attempt,
+                    receipt_job=f"victim-{self._seq}",
+                )
+            elif variant == "duplicate":
+                where = self.result(
+                    host,
+                    slot_id,
+                    s.generation,
+                    s.job,
+                    tool,
+                    events.OUTCOME_APPLIED,
+                    rng.choice(s.keys),
+                    s.attempt,
+                    receipt_job=s.job,
+                )
+            else:
+                where = self.result(
+                    host,
+                    slot_id,
+                    s.generation + 5,
+                    s.job,
+                    tool,
+                    events.OUTCOME_APPLIED,
+                    self._key(s.job),
+                    s.attempt,
+                )
+        elif variant in ("stale", "seed_replay"):
+            # A live slot whose previous job (generation - 1) replays into it.
+            old = [
+                (w, s)
+                for w, s in live
+                if s.prev_job is not None and (s.prev_keys or variant == "stale")
+            ]
+            if not old:
+                return False
+            (host, slot_id), s = rng.choice(old)
+            assert s.prev_job is not None
+            key = rng.choice(s.prev_keys) if variant == "seed_replay" else self._key(s.prev_job)
+            where = self.result(
+                host,
+                slot_id,
+                s.generation - 1,
+                s.prev_job,
+                tool,
+                events.OUTCOME_APPLIED,
+                key,
+                receipt_job=s.prev_job,
+            )
+        else:  # unowned_slot: a slot never leased on this host
+            host = rng.choice(list(self.out))
+            where = self.result(
+                host,
+                f"S-ghost-{self._seq}",
+                1,
+                f"ghost-{self._seq}",
+                tool,
+                events.OUTCOME_APPLIED,
+                self._key("ghost"),
+            )
+        for kind in INJECTIONS[variant]:
+            self.expected.add((str(kind), *where))
+        return True
+
+    def garbage(self, variant: str) -> None:
+        host = self.rng.choice(list(self.out))
+        if variant == "truncated_apply":
+            line = json.dumps(
+                {
+                    "event": events.TOOL_RESULT,
+                    "job_id": "torn",
+                    "attempt": 1,
+                    "slot_id": "S0",
+                    "slot_generation": 1,
+                    "tool": "apply_patch",
+                    "idempotency_key": "torn:1",
+                    "outcome": "applied",
+                    "receipt_job": "someone-else",
+                    "host": host,
+                    "ts": self._ts(),
+                }
+            )
+            data = line[: len(line) * 2 // 3].encode()
+        elif variant == "truncated_lease":
+            line = json.dumps(
+                {
+                    "event": events.SLOT_LEASED,
+                    "slot_id": "S1",
+                    "generation": 99,
+                    "job_id": "torn",
+                    "attempt": 1,
+                    "host": host,
+                    "ts": self._ts(),
+                }
+            )
+            data = line[: len(line) // 2].encode()
+        elif variant == "binary":
+            data = bytes(self.rng.choice(range(0x80, 0x100)) for _ in range(200))
+        elif variant == "non_object":
+            data = b'["tool_result", "applied", 1]'
+        else:  # missing_field: a lease with no generation
+            data = json.dumps(
+                {
+                    "event": events.SLOT_LEASED,
+                    "slot_id": "S2",
+                    "job_id": "half",
+                    "attempt": 1,
+                    "host": host,
+                    "ts": self._ts(),
+                }
+            ).encode()
+        self.malformed.add(self.raw(host, data))
+
+
+def synth_log(
+    path: Path,
+    total: int,
+    *,
+    seed: int = 0,
+    rounds: int = 1,
+    per_host: bool = False,
+    keep_meta: bool = False,
+    garbage: bool = True,
+) -> LogSynth:
+    """A log of ``total`` lines (one file per host when ``per_host``): incidents of every
+    variant for every mutating tool ``rounds`` times, the first and last lines among
+    them, and (unless not ``garbage``) every kind of garbage line once per round."""
+    hosts = ("h1", "h2")
+    paths = (
+        {h: str(path.with_name(f"{path.stem}-{h}{path.suffix}")) for h in hosts}
+        if per_host
+        else dict.fromkeys(hosts, str(path))
+    )
+    opened = {p: open(p, "wb") for p in set(paths.values())}  # noqa: SIM115
+    files: dict[str, BinaryIO] = {h: opened[paths[h]] for h in hosts}
+    synth = LogSynth(files, paths, seed=seed)
+    synth.keep_meta = keep_meta
+    try:
+        todo: list[tuple[str, str]] = [
+            (v, t) for _ in range(rounds) for v in INJECTIONS for t in MUTATING
+        ]
+        todo += [("garbage", g) for _ in range(rounds if garbage else 0) for g in GARBAGE]
+        synth.rng.shuffle(todo)
+        slots = sorted(synth.rng.sample(range(2, total - 1), len(todo)))
+        synth.inject("unowned_slot", "write_file")  # the first line
+        pending: list[tuple[str, str]] = []
+        n = 1
+        while n < total - 1:
+            while slots and slots[0] <= n:
+                slots.pop(0)
+                pending.append(todo.pop())
+            if pending:
+                variant, arg = pending[0]
+                if variant == "garbage":
+                    synth.garbage(arg)
+                    pending.pop(0)
+                elif synth.inject(variant, arg):
+                    pending.pop(0)
+                else:
+                    synth.step()
+            else:
+                synth.step()
+            n += 1
+        assert not pending and not todo, "log too short for its injections"
+        while not synth.inject("cross_job_owner", "apply_patch"):  # the last line
+            synth.step()
+    finally:
+        for fh in opened.values():
+            fh.close()
+    return synth
+
+
+def clean_log(path: Path, total: int, seed: int = 0) -> LogSynth:
+    """Normal traffic only: no incident, no garbage."""
+    with open(path, "wb") as fh:
+        synth = LogSynth({"h1": fh, "h2": fh}, {"h1": str(path), "h2": str(path)}, seed=seed)
+        for _ in range(total):
+            synth.step()
+    return synth
+
+
+def run_detect(
+    paths: list[str],
+) -> tuple[set[tuple[str, str, int]], set[tuple[str, int]], list[Incident]]:
+    """(kind, path, line) of every incident, (path, line) of every malformed line, the incidents."""
+    records, _ = read_records(paths)
+    incidents: list[Incident] = []
+    malformed: set[tuple[str, int]] = set()
+    for item in judge_records(records, Replay()):
+        if isinstance(item, Incident):
+            incidents.append(item)
+        else:
+            malformed.add((item.path, item.line))
+    return {(i.kind, i.path, i.line) for i in incidents}, malformed, incidents
+
+
+def log_line(
+    event: str, host: str = "h1", ts: str = "2025-01-01T00:00:00Z", **fields: Any
+) -> bytes:
+    return json.dumps({"event": event, **fields, "host": host, "ts": ts}).encode()
+
+
+def result_line(
+    job: str,
+    gen: int,
+    key: str,
+    outcome: str = events.OUTCOME_APPLIED,
+    tool: str = "apply_patch",
+    host: str = "h1",
+    slot: str = "S1",
+    attempt: int = 1,
+    **extra: Any,
+) -> bytes:
+    return log_line(
+        events.TOOL_RESULT,
+        host,
+        job_id=job,
+        attempt=attempt,
+        slot_id=slot,
+        slot_generation=gen,
+        tool=tool,
+        idempotency_key=key,
+        outcome=outcome,
+        http_status=200,
+        queue_wait_ms=0.1,
+        service_ms=1.0,
+        **extra,
+    )
+
+
+def lease_line(
+    job: str, gen: int, host: str = "h1", slot: str = "S1", released: bool = False, attempt: int = 1
+) -> bytes:
+    event = events.SLOT_RELEASED if released else events.SLOT_LEASED
+    return log_line(event, host, slot_id=slot, generation=gen, job_id=job, attempt=attempt)
+
+
+def _kinds_by_line(tmp_path: Path, lines: list[bytes]) -> dict[int, set[str]]:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    found, _, _ = run_detect([str(path)])
+    out: dict[int, set[str]] = {}
+    for kind, _, line in found:
+        out.setdefault(line, set()).add(kind)
+    return out
+
+
+# -- the rules ----------------------------------------------------------------------
+
+
+def _apply(gen: int = 3, job: str = "A", attempt: int = 1, receipt_job: str | None = "A") -> Apply:
+    return Apply("h1", "S1", gen, job, attempt, "apply_patch", "k", receipt_job, "t", "log", 1)
+
+
+LEASED = SlotState(3, "A", 1, leased=True, released=False)
+
+
+@pytest.mark.parametrize(
+    ("slot", "apply", "kind"),
+    [
+        (LEASED, _apply(), None),
+        (LEASED, _apply(receipt_job=None), None),
+        (None, _apply(), Kind.UNOWNED),
+        (LEASED, _apply(gen=4), Kind.UNOWNED),
+        (SlotState(3, "A", 1, leased=False, released=True), _apply(), Kind.UNOWNED),
+        (LEASED, _apply(job="B", receipt_job="B"), Kind.CROSS_JOB),
+        (LEASED, _apply(receipt_job="B"), Kind.CROSS_JOB),
+        (None, _apply(receipt_job="B"), Kind.CROSS_JOB),
+        (LEASED, _apply(gen=4, receipt_job="B"), Kind.CROSS_JOB),
+        (LEASED, _apply(gen=2), Kind.STALE),
+        (LEASED, _apply(gen=2, job="B", receipt_job="C"), Kind.STALE),
+        (LEASED, _apply(attempt=2), Kind.WRONG_ATTEMPT),
+        (LEASED._replace(released=True), _apply(), Kind.AFTER_RELEASE),
+        (LEASED._replace(released=True), _apply(job="B", receipt_job="B"), Kind.CROSS_JOB),
+    ],
+)
+def test_judge_apply_verdicts_and_precedence(
+    slot: SlotState | None, apply: Apply, kind: Kind | None
+) -> None:
+    """Each ownership verdict, with stale > cross_job > unowned when several apply."""
+    assert judge_apply(slot, apply) == kind
+
+
+def test_timeline_follows_leases_and_ignores_late_older_generations() -> None:
+    """A lease sets the owner, a release marks it, a line of an older generation changes nothing."""
+    replay = Replay()
+    replay.lease(Lease(False, "h1", "S1", 5, "A", 1, "t", "log", 1))
+    replay.lease(Lease(False, "h1", "S1", 4, "Z", 1, "t", "log", 2))
+    assert replay.slots[("h1", "S1")] == SlotState(5, "A", 1, leased=True, released=False)
+    replay.lease(Lease(True, "h1", "S1", 4, "Z", 1, "t", "log", 3))
+    assert replay.slots[("h1", "S1")].released is False
+    replay.lease(Lease(True, "h1", "S1", 5, "A", 1, "t", "log", 4))
+    assert replay.slots[("h1", "S1")] == SlotState(5, "A", 1, leased=True, released=True)
+    replay.lease(Lease(True, "h1", "S2", 7, "B", 2, "t", "log", 5))
+    assert replay.slots[("h1", "S2")] == SlotState(7, "B", 2, leased=False, released=True)
+
+
+def test_seed_replay_is_stale_and_duplicate_and_replayed_lines_never_count(tmp_path: Path) -> None:
+    """The seed-004 replay (old envelope, same key) is two incidents; a 'replayed' line is none."""
+    found = _kinds_by_line(
+        tmp_path,
+        [
+            lease_line("A", 1),
+            result_line("A", 1, "A:1"),
+            result_line("A", 1, "A:1", outcome=events.OUTCOME_REPLAYED, receipt_job="A"),
+            lease_line("A", 1, released=True),
+            lease_line("B", 2),
+            result_line("A", 1, "A:1", receipt_job="A"),
+            result_line("B", 2, "B:1", outcome=events.OUTCOME_REFUSED, reason="stale_generation"),
+            result_line("B", 2, "B:2", tool="read_file", outcome=events.OUTCOME_APPLIED),
+        ],
+    )
+    assert found == {6: {Kind.STALE, Kind.DUPLICATE}}
+
+
+def test_same_slot_id_on_two_hosts_are_two_timelines(tmp_path: Path) -> None:
+    """S1 leased at generation 9 on h2 does not make h1's S1 generation 2 stale."""
+    found = _kinds_by_line(
+        tmp_path,
+        [
+            lease_line("A", 2, host="h1"),
+            lease_line("B", 9, host="h2"),
+            result_line("A", 2, "A:1", host="h1"),
+            result_line("B", 9, "B:1", host="h2"),
+            result_line("B", 9, "B:2", host="h1"),
+        ],
+    )
+    assert found == {5: {Kind.UNOWNED}}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        result_line("A", 1, "k")[:60],  # torn
+        b'\xff\xfe\x00 "applied" \x9c',  # binary
+        b'["tool_result", "applied"]',  # not an object
+        b'"applied"',
+        json.dumps(
+            {
+                "event": "slot_leased",
+                "host": "h1",
+                "ts": "t",
+                "slot_id": "S1",
+                "job_id": "A",
+                "attempt": 1,
+            }
+        ).encode(),  # no generation
+        result_line("A", 1, "k").replace(b'"host": "h1", ', b""),
+        result_line("A", 1, "k").replace(b'"slot_generation": 1', b'"slot_generation": true'),
+        result_line("A", 1, "k").replace(b'"idempotency_key": "k"', b'"idempotency_key": ""'),
+        result_line("A", 1, "k").replace(b'"service_ms": 1.0, ', b""),
+        lease_line("A", 1).replace(b'"attempt": 1', b'"attempt": "1"'),
+    ],
+)
+def test_parse_line_marks_malformed_lines(raw: bytes) -> None:
+    """Torn, binary, non-object, missing-field and mistyped lines are malformed, never raise."""
+    assert isinstance(parse_line(raw, "log", 7), Malformed)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        result_line("A", 1, "k", outcome=events.OUTCOME_REPLAYED),
+        result_line("A", 1, "k", tool="read_file"),
+        result_line("A", 1, "k", outcome=events.OUTCOME_REFUSED, reason="applied"),
+        log_line(events.JOB_FINISHED, note="applied"),
+    ],
+)
+def test_parse_line_ignores_lines_that_are_not_applies(raw: bytes) -> None:
+    """Replays, read-only tools, refusals and other events are no record for the rules."""
+    assert parse_line(raw, "log", 1) is None
+
+
+def test_blank_lines_are_skipped_and_other_shapes_counted(tmp_path: Path) -> None:
+    """Blank and CRLF lines are fine; a non-object line that names no candidate is malformed."""
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(
+        lease_line("A", 1) + b"\r\n\n   \n" + b"plain text\n" + log_line("job_started") + b"\n"
+    )
+    _, malformed, _ = run_detect([str(path)])
+    assert malformed == {(str(path), 4)}
+
+
+# -- whole logs -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_million_lines_report_exactly_the_injected_incidents(tmp_path: Path) -> None:
+    """1,000,000 lines with every incident for every mutating tool (first and last line
+    too), torn lines and binary garbage: exactly the injected incidents and garbage."""
+    path = tmp_path / "big.jsonl"
+    synth = synth_log(path, 1_000_000, rounds=2, seed=1)
+    found, malformed, incidents = run_detect([str(path)])
+    assert synth.lines[str(path)] == 1_000_000
+    assert found == synth.expected
+    assert malformed == synth.malformed
+    assert (Kind.UNOWNED, str(path), 1) in found
+    assert (Kind.CROSS_JOB, str(path), 1_000_000) in found
+    assert {(i.kind, i.tool) for i in incidents} == {(k, t) for k in DETECT_KINDS for t in MUTATING}
+
+
+def test_gzip_and_glob_inputs_read_like_plain_files(tmp_path: Path) -> None:
+    """A .gz copy (sniffed by magic) and a glob find the same incidents as the plain file."""
+    path = tmp_path / "log.jsonl"
+    synth = synth_log(path, 5_000, seed=4)
+    gz = tmp_path / "old.jsonl.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    found, malformed, _ = run_detect([str(gz)])
+    assert found == {(k, str(gz), n) for k, _, n in synth.expected}
+    assert malformed == {(str(gz), n) for _, n in synth.malformed}
+    found, _, _ = run_detect([str(tmp_path / "l*.jsonl")])
+    assert found == synth.expected
+
+
+def test_files_are_merged_by_ts_before_the_timelines_replay(tmp_path: Path) -> None:
+    """Leases in one file and tool results in another find what the single file finds."""
+    path = tmp_path / "log.jsonl"
+    synth = synth_log(path, 20_000, seed=5, garbage=False)
+    leases, tools = tmp_path / "leases.jsonl", tmp_path / "tools.jsonl"
+    with open(leases, "wb") as fl, open(tools, "wb") as ft:
+        for line in path.read_bytes().splitlines(keepends=True):
+            (ft if b'"tool_result"' in line else fl).write(line)
+    _, _, whole = run_detect([str(path)])
+    _, _, split = run_detect([str(tools), str(leases)])
+    assert Counter((i.kind, i.ts) for i in split) == Counter((i.kind, i.ts) for i in whole)
+    assert len(whole) == len(synth.expected)
+
+
+def test_per_host_files_find_every_injected_incident(tmp_path: Path) -> None:
+    """One file per host, read together: every incident at its own file and line."""
+    synth = synth_log(tmp_path / "log.jsonl", 10_000, per_host=True, seed=6)
+    found, malformed, _ = run_detect(sorted(set(synth.paths.values())))
+    assert found == synth.expected
+    assert malformed == synth.malformed
+
+
+# -- the seed's pipeline ----------------------------------------------------------------
+
+SEED_JQ = (
+    'jq -r \'select(.tool=="apply_patch") | [.job_id,.slot_generation,.receipt_job] '
+    "| @tsv' \"$0\" | awk -F'\\t' '$1 != $3 { print }'"
+)
+
+
+def _seed_pipeline(path: Path) -> tuple[int, set[tuple[str, ...]]]:
+    assert shutil.which("jq"), "jq is needed for this comparison: apt-get install -y jq"
+    proc = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", SEED_JQ, str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.returncode, {tuple(row.split("\t")) for row in proc.stdout.splitlines()}
+
+
+def test_detector_finds_what_the_seed_jq_pipeline_flags_and_what_it_cannot(tmp_path: Path) -> None:
+    """Every real incident the seed's jq|awk alert prints is found; so are the stale,
+    unowned, duplicate and other-tool ones it cannot see, and past a garbage line."""
+    path = tmp_path / "clean.jsonl"
+    synth = synth_log(path, 30_000, seed=7, garbage=False, keep_meta=True)
+    code, rows = _seed_pipeline(path)
+    assert code == 0
+
+    def row(where: tuple[str, int]) -> tuple[str, ...]:
+        m = synth.meta[where]
+        return (str(m["job_id"]), str(m["slot_generation"]), str(m.get("receipt_job") or ""))
+
+    real = {
+        row(w)
+        for w, m in synth.meta.items()
+        if m.get("tool") == "apply_patch"
+        and m.get("outcome") == "applied"
+        and m.get("receipt_job") not in (None, m["job_id"])
+    }
+    found, _, incidents = run_detect([str(path)])
+    assert found == synth.expected
+    seen_by_detector = {row((i.path, i.line)) for i in incidents}
+    assert rows & real == real and real <= seen_by_detector
+    assert rows - real, "the pipeline also flags lines that are no incident (refusals, no receipt)"
+    unseen = {i.kind for i in incidents if row((i.path, i.line)) not in rows}
+    assert {Kind.STALE, Kind.UNOWNED, Kind.DUPLICATE, Kind.CROSS_JOB} <= unseen
+
+    dirty = tmp_path / "dirty.jsonl"
+    synth = synth_log(dirty, 30_000, seed=7)
+    code, _ = _seed_pipeline(dirty)
+    assert code != 0  # jq stops at the first line it cannot parse
+    found, _, _ = run_detect([str(dirty)])
+    assert found == synth.expected
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+INCIDENT_KEYS = {
+    "kind",
+    "path",
+    "line",
+    "job_id",
+    "slot_id",
+    "generation",
+    "tool",
+    "idempotency_key",
+    "host",
+    "ts",
+}
+
+
+def test_json_output_is_one_object_per_incident_then_a_summary(tmp_path: Path) -> None:
+    """--json: incidents and malformed lines as objects, the summary last with counts by kind."""
+    path = tmp_path / "log.jsonl"
+    synth = synth_log(path, 3_000, seed=8)
+    result = CliRunner().invoke(ops, ["detect", "--json", str(path)])
+    assert result.exit_code == 1, result.output
+    objs = [json.loads(line) for line in result.stdout.splitlines()]
+    *items, summary = objs
+    incidents = [o for o in items if o["kind"] != "malformed"]
+    assert all(set(o) == INCIDENT_KEYS for o in incidents)
+    assert {(o["kind"], o["path"], o["line"]) for o in incidents} == synth.expected
+    assert {(o["path"], o["line"]) for o in items if o["kind"] == "malformed"} == synth.malformed
+    assert summary == {
+        "kind": "summary",
+        "lines": 3_000,
+        "malformed": len(synth.malformed),
+        "incidents": {k: sum(1 for e in synth.expected if e[0] == k) for k in DETECT_KINDS},
+    }
+
+
+def test_exit_codes_clean_incidents_and_unusable(tmp_path: Path) -> None:
+    """0 on a clean log, 1 on incidents, 2 on a missing file, a binary file, an empty glob."""
+    clean, dirty, binary = tmp_path / "clean.jsonl", tmp_path / "dirty.jsonl", tmp_path / "x.bin"
+    clean_log(clean, 2_000)
+    synth_log(dirty, 2_000)
+    binary.write_bytes(bytes(range(256)) * 50)
+    runner = CliRunner()
+    assert runner.invoke(ops, ["detect", str(clean)]).exit_code == 0
+    human = runner.invoke(ops, ["detect", str(dirty)])
+    assert human.exit_code == 1 and "cross_job_apply" in human.stdout
+    for bad, message in [
+        (tmp_path / "nope.jsonl", "no such file"),
+        (binary, "not a slotrunner log"),
+        (tmp_path / "none-*.jsonl", "no such file"),
+    ]:
+        result = runner.invoke(ops, ["detect", str(clean), str(bad)])
+        assert result.exit_code == 2 and str(bad) in result.stderr and message in result.stderr
+
+
+def test_module_entry_point_exit_codes_and_stdin(tmp_path: Path) -> None:
+    """python -m ops.cli detect: 0, 1, 2 as a real process, and '-' reads stdin."""
+    clean, dirty = tmp_path / "clean.jsonl", tmp_path / "dirty.jsonl"
+    clean_log(clean, 1_000)
+    synth = synth_log(dirty, 2_000, seed=9)
+
+    def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "ops.cli", "detect", *args],
+            cwd=REPO,
+            input=stdin,
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+
+    assert run(str(clean)).returncode == 0
+    assert run(str(dirty)).returncode == 1
+    missing = run(str(tmp_path / "missing.jsonl"))
+    assert missing.returncode == 2 and b"no such file" in missing.stderr
+    assert b"Traceback" not in missing.stderr
+    piped = run("--json", "-", stdin=dirty.read_bytes())
+    assert piped.returncode == 1
+    objs = [json.loads(line) for line in piped.stdout.splitlines()]
+    got = {(o["kind"], o["line"]) for o in objs if o["kind"] in DETECT_KINDS}
+    assert got == {(k, n) for k, _, n in synth.expected}
+    assert all(o["path"] == "<stdin>" for o in objs if o["kind"] in DETECT_KINDS)
