@@ -139,6 +139,11 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
     help="How many agent jobs to run.",
 )
 @click.option(
+    "--incident",
+    is_flag=True,
+    help="Replay seed 004's cross-job write with the fence off, then on, and compare.",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=float,
@@ -147,8 +152,16 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
     help="Give up waiting after this many seconds.",
 )
 @friendly
-def demo(n_jobs: int, timeout_s: float) -> None:
-    """Run N scripted agent jobs end to end on a local stack and summarise them."""
+def demo(n_jobs: int, incident: bool, timeout_s: float) -> None:
+    """Run N scripted agent jobs end to end on a local stack and summarise them.
+
+    With --incident: seed 004's replay into a recycled slot, once with the envelope
+    fence switched off (the write lands, the detector pages, the pool stops, restore
+    repairs the victim) and once with it on (refused, nothing to page).
+    """
+    if incident:
+        _incident()
+        return
     import uuid
 
     from runner.celery_app import create_app
@@ -209,6 +222,34 @@ def demo(n_jobs: int, timeout_s: float) -> None:
             child.stop()
     _summary(console, settings.log_path, ids, results, fence)
     if len(results) < n_jobs or any(r.state != "succeeded" for r in results.values()):
+        sys.exit(1)
+
+
+def _incident() -> None:
+    from runner.incident_demo import render, run
+    from runner.stack import StackError
+
+    console = Console()
+    console.print("Replaying seed 004 in a scratch home, twice (about 30 s)...")
+    try:
+        off, on = run()
+    except StackError as exc:
+        raise CliError(str(exc)) from None
+    console.print(render(off, on))
+    ok = (
+        not off.victim_intact
+        and bool(off.pages)
+        and off.restored_tree == off.start_tree
+        and on.victim_intact
+        and not on.pages
+        and on.replay_status == 409
+    )
+    console.print(
+        "the fence held and the detector caught the unfenced write"
+        if ok
+        else "[bold red]unexpected outcome: see the timelines above[/]"
+    )
+    if not ok:
         sys.exit(1)
 
 
