@@ -107,7 +107,8 @@ def result(job_id: str, as_json: bool) -> None:
     client = connect(load_settings())
     found = load_result(client, job_id)
     if found is None:
-        state = client.get(keys.job_state(job_id))
+        raw = client.get(keys.job_state(job_id))
+        state = raw.decode() if isinstance(raw, bytes) else raw
         if state is None:
             raise CliError(f"no job {job_id!r} is known to this Redis")
         if as_json:
@@ -206,10 +207,12 @@ def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
 
 def _mount() -> None:
     from ops.cli import ops
+    from runner.cli_jobs import cancel
     from runner.cli_slots import slots
     from runner.cli_tools import tools
     from runner.demo import demo
 
+    main.add_command(cancel)
     main.add_command(slots)
     main.add_command(tools)
     main.add_command(ops)

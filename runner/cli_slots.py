@@ -9,13 +9,14 @@ from rich.console import Console
 from rich.table import Table
 
 from runner.cli_common import emit_json, friendly, load_settings
+from runner.settings import Settings
+from runner.slots import SlotPool
 from runner.stamp import Stamp, utc_now
 
 
-def _pool():  # type: ignore[no-untyped-def]
+def _pool() -> tuple[Settings, SlotPool]:
     from runner.logs import EventLog
     from runner.redis_server import connect
-    from runner.slots import SlotPool
 
     settings = load_settings()
     return settings, SlotPool(settings, connect(settings), EventLog(settings))

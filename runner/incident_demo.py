@@ -207,7 +207,7 @@ def run_once(fence: bool, scratch: Path) -> Timeline:
         a = pool.lease("job-A", 1)
         workspaces.prepare(settings.slots_dir / a.slot_id, str(repo_dir), base, "job-A")
         timeline.note(f"job-A leases {a.slot_id} generation {a.generation}")
-        body = {
+        body: dict[str, Any] = {
             "envelope": {
                 "job_id": "job-A",
                 "attempt": 1,

@@ -18,8 +18,9 @@ from structlog.typing import EventDict, WrappedLogger
 from runner.settings import Settings
 
 
-def _encode(_: WrappedLogger, __: str, rendered: str) -> bytes:
-    return rendered.encode("utf-8")
+def _encode(_: WrappedLogger, __: str, rendered: Any) -> bytes:
+    # The JSON renderer before this one hands over a str, not an event dict.
+    return str(rendered).encode("utf-8")
 
 
 class _AppendLogger:

@@ -56,7 +56,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         home = Path(env.get("SLOTRUNNER_HOME", "./.slotrunner")).expanduser().absolute()
-        sandbox = env.get("SLOTRUNNER_SANDBOX", "auto").strip().lower()
+        sandbox: str = env.get("SLOTRUNNER_SANDBOX", "auto").strip().lower()
         if sandbox not in _SANDBOX_MODES:
             raise SettingsError(
                 f"SLOTRUNNER_SANDBOX={sandbox!r}: expected one of {', '.join(_SANDBOX_MODES)}"
@@ -70,7 +70,7 @@ class Settings:
             ),
             lease_ttl_s=_positive_float(env, "SLOTRUNNER_LEASE_TTL_S", 600.0),
             token=env.get("SLOTRUNNER_TOKEN") or None,
-            sandbox=sandbox,  # type: ignore[arg-type]
+            sandbox=sandbox,
             host=env.get("SLOTRUNNER_HOST_ID") or socket.gethostname(),
         )
 

@@ -99,7 +99,8 @@ def create_app(
                 },
                 413,
             )
-        return await call_next(request)
+        response: Response = await call_next(request)
+        return response
 
     def respond(tool: str, reply: Reply, started: float) -> Response:
         fields = dict(reply.log)

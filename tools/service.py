@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -324,14 +324,14 @@ class ToolService:
                     receipt_generation=done.generation, http_status=0,
                     queue_wait_ms=0.0, service_ms=0.0,
                 )  # fmt: skip
-            return done
+            return cast(Receipt, done)
         # Not applied: the intent stays open, so a retry with the same key applies it
         # (once); answering "failed" here would burn a key whose effect never ran.
         return intent
 
     def recover(self) -> list[dict[str, Any]]:
         """At start: resolve every intent that has no outcome, in every slot."""
-        resolved = []
+        resolved: list[dict[str, Any]] = []
         if not self.settings.slots_dir.is_dir():
             return resolved
         for slot_dir in sorted(self.settings.slots_dir.iterdir()):

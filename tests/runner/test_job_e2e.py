@@ -29,7 +29,14 @@ PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
 +held_by = "A"
 """
 
-TEST_PY = "import unittest\n\nclass T(unittest.TestCase):\n    def test_ok(self):\n        import pkg.lock\n        self.assertEqual(pkg.lock.held_by, 'A')\n"
+TEST_PY = """import unittest
+
+
+class T(unittest.TestCase):
+    def test_ok(self):
+        import pkg.lock
+        self.assertEqual(pkg.lock.held_by, 'A')
+"""
 
 
 @pytest.fixture
@@ -159,7 +166,8 @@ def test_cli_submit_wait_and_result(stack: tuple[Settings, Child], tmp_path: Pat
         ('{"repo": "/x", "planner": {"kind": "scripted", "steps": []}}', "planner.scripted.steps"),
         ('{"repo": "/x", "planner": {"kind": "magic"}}', "planner"),
         (
-            '{"job_id": "../evil", "repo": "/x", "planner": {"kind": "scripted", "steps": [{"tool": "git_status"}]}}',
+            '{"job_id": "../evil", "repo": "/x", '
+            '"planner": {"kind": "scripted", "steps": [{"tool": "git_status"}]}}',
             "job_id",
         ),
         ('{"planner": {"kind": "scripted", "steps": [{"tool": "git_status"}]}}', "repo"),

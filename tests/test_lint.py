@@ -1,0 +1,33 @@
+"""Strict tooling is part of the suite: ruff (lint and format) and mypy --strict pass."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_ruff_check_is_clean() -> None:
+    """ruff finds no lint problem in the tree."""
+    proc = run("ruff", "check", ".")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_format_is_clean() -> None:
+    """Every Python file is formatted as ruff format writes it."""
+    proc = run("ruff", "format", "--check", ".")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_strict_is_clean() -> None:
+    """mypy --strict (configured in pyproject.toml) passes on the four packages."""
+    proc = run("mypy")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
