@@ -34,6 +34,8 @@ class OpenAIPlanner(_Model):
     api_key_env: str | None = None
     request_timeout_s: float = Field(default=60.0, gt=0)
     temperature: float = 0.0
+    # In-flight inference requests allowed for the whole eval-run, across workers (I6).
+    admission_bound: int = Field(default=4, ge=1, le=4096)
 
 
 Planner = Annotated[ScriptedPlanner | OpenAIPlanner, Field(discriminator="kind")]
@@ -111,3 +113,4 @@ class JobResult(BaseModel):
     counts: Counts = Field(default_factory=Counts)
     reason: str | None = None
     sandbox: str | None = None
+    planner: dict[str, int] = Field(default_factory=dict)
