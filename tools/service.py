@@ -256,6 +256,11 @@ class ToolService:
         except ReceiptDurabilityError as exc:
             return self._poison(ctx, exc, log)
         log.update(receipt_job=done.job_id, receipt_generation=done.generation)
+        if spec.name == "run_tests" and result is not None:
+            # I9: the mode actually used is on the record, and an unsandboxed run says so.
+            log["sandbox"] = result.get("sandbox")
+            if result.get("sandbox_warning"):
+                log["sandbox_warning"] = result["sandbox_warning"]
         if http == 403:
             return Reply(
                 403,
