@@ -11,6 +11,7 @@ errors, counted apart from transport failures.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -203,7 +204,7 @@ class ChatPlanner:
                 # The request is not cancelled (the backend may still answer): fence it.
                 self.desk.expire(lease)
                 self.stats["timeouts"] += 1
-                future.add_done_callback(lambda f, lease=lease: self._late(f, lease))
+                future.add_done_callback(functools.partial(self._late, lease=lease))
                 failures += 1
                 continue
             except httpx.HTTPError:
@@ -258,7 +259,7 @@ class ChatPlanner:
         self.stats["commits"] += 1
         return completion
 
-    def _late(self, future: Future[tuple[int, httpx.Headers, bytes]], lease: Lease) -> None:
+    def _late(self, future: Future[tuple[int, httpx.Headers, bytes]], *, lease: Lease) -> None:
         """A timed-out request answered after all: its body must never become a step."""
         try:
             future.result()
