@@ -8,7 +8,7 @@ and a new attempt never collides with an old one.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -43,12 +43,23 @@ def idempotency_key(job_id: str, attempt: int, index: int, tool: str) -> str:
 
 
 class AgentRun:
-    def __init__(self, spec: JobSpec, stamp: Stamp, slot_dir: Path, client: ToolClient) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        stamp: Stamp,
+        slot_dir: Path,
+        client: ToolClient,
+        should_stop: Callable[[], str | None] | None = None,
+    ) -> None:
         assert spec.job_id is not None and stamp.attempt is not None
         self.spec = spec
         self.stamp = stamp
         self.slot_dir = slot_dir
         self.client = client
+        # Asked before every step (never during one: an in-flight call finishes); a
+        # reason ("cancelled", "superseded") ends the loop and lands in ``stopped``.
+        self.should_stop = should_stop
+        self.stopped: str | None = None
         self.records: list[StepRecord] = []
         self.counts = Counts()
         self.started = time.monotonic()
@@ -60,6 +71,10 @@ class AgentRun:
         for index, step in enumerate(planner.steps()):
             if index >= self.spec.max_steps:
                 break
+            if self.should_stop is not None:
+                self.stopped = self.should_stop()
+                if self.stopped is not None:
+                    break
             if self.remaining_s() <= 0:
                 self.records.append(
                     StepRecord(

@@ -1,21 +1,49 @@
 """The Celery app factory. Nothing connects at import time.
 
 Acks late and reject-on-worker-lost, so a job whose worker dies is redelivered;
-prefetch 1, so a worker never sits on jobs it cannot start. Redelivery is harmless
-because every start takes a new attempt number that fences the older ones.
+prefetch 1, so a worker never sits on jobs it cannot start. Redelivery is harmless:
+a copy that finds the job's attempt alive watches it instead of starting a second
+one, and every new attempt fences the older ones (``runner.liveness``). So the
+broker's visibility timeout can be minutes, not hours, and a job whose whole worker
+died resumes within visibility timeout + heartbeat TTL.
+
+Environment read here (the factory is an edge, like ``Settings.from_env``):
+
+    SLOTRUNNER_VISIBILITY_TIMEOUT_S    300  kombu's visibility timeout (Redis broker)
+    SLOTRUNNER_TEST_UNACKED_RESTORE_S  -    test only: kombu's unacked_restore_interval
+                                            (with unacked_restore_throttle 1), so a
+                                            short visibility timeout redelivers quickly
+    plus the job timing knobs of ``runner.job_config``.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
 
+from runner.job_config import JobConfig, seconds
 from runner.redis_server import resolve_url
 from runner.settings import Settings
 
 QUEUE = "slotrunner"
 TASK_NAME = "slotrunner.run_agent_job"
+VISIBILITY_TIMEOUT_S = 300.0
+
+
+def broker_transport_options(env: Mapping[str, str]) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "visibility_timeout": seconds(env, "SLOTRUNNER_VISIBILITY_TIMEOUT_S", VISIBILITY_TIMEOUT_S)
+    }
+    restore_s = env.get("SLOTRUNNER_TEST_UNACKED_RESTORE_S")
+    if restore_s:
+        options["unacked_restore_interval"] = seconds(
+            env, "SLOTRUNNER_TEST_UNACKED_RESTORE_S", 10.0
+        )
+        options["unacked_restore_throttle"] = 1
+    return options
 
 
 def create_app(
@@ -23,7 +51,10 @@ def create_app(
     *,
     redis_url: str | None = None,
     broker_options: dict[str, Any] | None = None,
+    job_config: JobConfig | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Celery:
+    env = os.environ if env is None else env
     url = redis_url or resolve_url(settings)
     app = Celery("slotrunner", broker=url, set_as_current=True)
     app.conf.update(
@@ -37,11 +68,13 @@ def create_app(
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
-        broker_transport_options={"visibility_timeout": 300, **(broker_options or {})},
+        broker_transport_options={**broker_transport_options(env), **(broker_options or {})},
     )
-    app.slotrunner_settings = settings  # type: ignore[attr-defined]
-    app.slotrunner_redis_url = url  # type: ignore[attr-defined]
-    # Importing the module registers the task with this app (shared_task).
+    app.slotrunner_settings = settings
+    app.slotrunner_redis_url = url
+    app.slotrunner_job_config = job_config or JobConfig.from_env(env)
+    # Importing the module registers the task with this app (shared_task) and the
+    # worker signal hooks (the janitor thread).
     import runner.tasks  # noqa: F401
 
     return app

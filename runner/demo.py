@@ -139,6 +139,15 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
     help="How many agent jobs to run.",
 )
 @click.option(
+    "--planner",
+    "planner_kind",
+    type=click.Choice(["scripted", "openai"]),
+    default="scripted",
+    show_default=True,
+    help="openai: plan through a local fault-injecting OpenAI-compatible endpoint "
+    "(429s, timeouts with late bodies), every request under the admission desk.",
+)
+@click.option(
     "--incident",
     is_flag=True,
     help="Replay seed 004's cross-job write with the fence off, then on, and compare.",
@@ -152,7 +161,7 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
     help="Give up waiting after this many seconds.",
 )
 @friendly
-def demo(n_jobs: int, incident: bool, timeout_s: float) -> None:
+def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> None:
     """Run N scripted agent jobs end to end on a local stack and summarise them.
 
     With --incident: seed 004's replay into a recycled slot, once with the envelope
@@ -170,6 +179,8 @@ def demo(n_jobs: int, incident: bool, timeout_s: float) -> None:
     from runner.submit import submit, wait_for
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)
     settings = load_settings()
     url = resolve_url(settings)
     port = free_port()
@@ -190,15 +201,18 @@ def demo(n_jobs: int, incident: bool, timeout_s: float) -> None:
         f"{settings.slots} slots, {n_jobs} jobs"
     )
     children = []
+    endpoint = None
     try:
         children.append(start_toolserver(env, port, run_dir))
         children.append(start_worker(env, run_dir, concurrency=2))
         app = create_app(settings, redis_url=url)
         client = connect(settings)
-        ids = [
-            submit(app, client, demo_spec(repo, base, i, run_id)).job_id or ""
-            for i in range(n_jobs)
-        ]
+        specs = [demo_spec(repo, base, i, run_id) for i in range(n_jobs)]
+        if planner_kind == "openai":
+            endpoint, base_url = _start_endpoint(specs[0], seed=int(run_id, 16))
+            console.print(f"planner: fake OpenAI endpoint {base_url} (429s and late bodies on)")
+            specs = [_openai(spec, base_url) for spec in specs]
+        ids = [submit(app, client, spec).job_id or "" for spec in specs]
         with Progress(
             TextColumn("jobs"),
             BarColumn(),
@@ -220,9 +234,73 @@ def demo(n_jobs: int, incident: bool, timeout_s: float) -> None:
     finally:
         for child in reversed(children):
             child.stop()
+        if endpoint is not None:
+            endpoint.close()
     _summary(console, settings.log_path, ids, results, fence)
+    if planner_kind == "openai":
+        _planner_summary(console, results)
     if len(results) < n_jobs or any(r.state != "succeeded" for r in results.values()):
         sys.exit(1)
+
+
+def _start_endpoint(spec: dict[str, Any], seed: int) -> tuple[Any, str]:
+    """The demo's model: replays the scripted steps, with rate limits and late bodies."""
+    from ops.fake_endpoint import serve
+    from ops.fake_plan import FakeEndpointConfig, ScriptStep
+
+    steps = [ScriptStep(tool=s["tool"], args=s["args"]) for s in spec["planner"]["steps"]]
+    steps = [
+        s
+        if s.tool != "write_file"
+        else ScriptStep(
+            tool="write_file", args={"path": "notes/agent.md", "content": "fixed mean()\n"}
+        )
+        for s in steps
+    ]
+    config = FakeEndpointConfig(
+        script=(*steps, ScriptStep(final="mean() fixed; tests pass")),
+        seed=seed,
+        max_concurrency=1,
+        retry_after_s=1,
+        hang_prob=0.15,
+        hang_s=2.5,
+        service_ms_median=30,
+        service_ms_p99=200,
+    )
+    server, port = serve(config)
+    return server, f"http://127.0.0.1:{port}/v1"
+
+
+def _openai(spec: dict[str, Any], base_url: str) -> dict[str, Any]:
+    planner = {
+        "kind": "openai",
+        "base_url": base_url,
+        "model": "fake-model",
+        "prompt": "Fix mean() in calc.py so the tests pass.",
+        "request_timeout_s": 1.0,
+        "admission_bound": 2,
+    }
+    return {**spec, "planner": planner}
+
+
+def _planner_summary(console: Console, results: dict[str, Any]) -> None:
+    totals: Counter[str] = Counter()
+    duplicate_commits = 0
+    for result in results.values():
+        totals.update(result.planner)
+        # One commit per planned step plus the final answer; anything more is a duplicate.
+        duplicate_commits += max(0, result.planner.get("commits", 0) - (len(result.steps) + 1))
+    keys = (
+        "requests",
+        "commits",
+        "timeouts",
+        "stale_rejections",
+        "http_429",
+        "protocol_errors",
+        "admission_refused",
+    )
+    console.print("inference: " + ", ".join(f"{k} {totals.get(k, 0)}" for k in keys))
+    console.print(f"duplicate commits: {duplicate_commits}")
 
 
 def _incident() -> None:

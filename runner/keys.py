@@ -3,15 +3,30 @@
     slotrunner:slot:{host}:{slot_id}:generation   int   mirror of a slot's generation
                                                           (I5; the local stamp is the
                                                           high-water mark, this the copy)
-    slotrunner:job:{job_id}:attempt               int   attempt fence: INCR per start
-    slotrunner:job:{job_id}:heartbeat             str   "{attempt}" with a TTL, renewed
-                                                          by the running attempt
+    slotrunner:job:{job_id}:attempt               int   attempt fence: INCR per start, in
+                                                          the same Lua script that sets the
+                                                          heartbeat (runner/liveness.py);
+                                                          a larger value fences every older
+                                                          attempt
+    slotrunner:job:{job_id}:heartbeat             str   "{attempt}" of the running attempt,
+                                                          PX = heartbeat TTL (a few seconds),
+                                                          renewed ~1/s by its heartbeat
+                                                          thread while it is still current;
+                                                          absent = no live attempt
     slotrunner:job:{job_id}:result                str   JSON JobResult, committed once by
                                                           the current attempt (CAS in Lua)
     slotrunner:job:{job_id}:state                 str   queued|running|<terminal state>
     slotrunner:job:{job_id}:spec                  str   JSON JobSpec as submitted
-    slotrunner:job:{job_id}:cancel                str   set when a cancel was requested
-    slotrunner:jobs                               zset  job ids by submit time
+    slotrunner:job:{job_id}:cancel                str   set (NX, to the request time) when
+                                                          a cancel was requested
+    slotrunner:jobs                               zset  job ids by submit time (epoch s);
+                                                          the score is the job's submitted_at,
+                                                          its deadline counts from it (a job
+                                                          enqueued by plain Celery gets the
+                                                          time of its first delivery)
+    slotrunner:rejected                           hash  reason -> jobs rejected for it
+                                                          (no_slot, deadline), bumped by the
+                                                          same script that commits the result
     admission:{eval_run}:*                              see runner/admission.py
 
 None of them may be evicted: a worker refuses to start against a Redis whose
@@ -52,3 +67,4 @@ def job_cancel(job_id: str) -> str:
 
 
 JOBS = f"{PREFIX}:jobs"
+REJECTED = f"{PREFIX}:rejected"

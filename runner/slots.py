@@ -58,6 +58,10 @@ class UnknownSlot(SlotError):
     """No slot of that id on this host."""
 
 
+class SlotBusy(SlotError):
+    """The slot's lock stayed held for longer than the caller would wait."""
+
+
 def slot_lock(slot_dir: Path, timeout_s: float = -1) -> FileLock:
     """The slot's lock; a new object per use so threads and processes both exclude."""
     return FileLock(str(slot_dir / LOCK_FILE), timeout=timeout_s, thread_local=False)
@@ -96,6 +100,10 @@ class SlotPool:
         for slot_id in self.slot_ids():
             path = self.settings.slots_dir / slot_id
             (path / "work").mkdir(parents=True, exist_ok=True)
+            if read_stamp(path) is not None:
+                # Stamped already: no lock needed, and none taken, because the tool
+                # server holds it for a whole run_tests and a lease must not wait on it.
+                continue
             with slot_lock(path):
                 if read_stamp(path) is None:
                     generation = self._mirror(slot_id)
@@ -117,6 +125,15 @@ class SlotPool:
         value = self.redis.get(keys.slot_generation(self.settings.host, slot_id))
         return int(value) if value is not None else 0
 
+    def next_generation(self, slot_id: str, current: Stamp | None) -> int:
+        """max(local stamp, Redis mirror) + 1; the caller holds the slot lock (I5)."""
+        local = current.generation if current is not None else 0
+        return max(local, self._mirror(slot_id)) + 1
+
+    def publish_generation(self, slot_id: str, generation: int) -> None:
+        """Raise the Redis mirror after the local stamp is durable (never lowers it)."""
+        self._raise_to(keys=[keys.slot_generation(self.settings.host, slot_id)], args=[generation])
+
     def lease(
         self,
         job_id: str,
@@ -125,8 +142,13 @@ class SlotPool:
         ttl_s: float | None = None,
         wait_s: float = 0.0,
         poll_s: float = 0.1,
+        on_wait: Callable[[], None] | None = None,
     ) -> Stamp:
-        """Lease a free slot to ``job_id``/``attempt``; wait up to ``wait_s`` for one."""
+        """Lease a free slot to ``job_id``/``attempt``; wait up to ``wait_s`` for one.
+
+        ``on_wait`` runs before each retry while waiting (the job runs the janitor and
+        checks for a cancel there); an exception from it ends the wait.
+        """
         self.ensure_layout()
         give_up = time.monotonic() + wait_s
         while True:
@@ -137,6 +159,8 @@ class SlotPool:
             if time.monotonic() >= give_up:
                 raise NoSlotFree(f"all {self.settings.slots} slots stayed busy for {wait_s:.1f}s")
             self.sleep(poll_s)
+            if on_wait is not None:
+                on_wait()
 
     def _try_lease(
         self, slot_id: str, job_id: str, attempt: int, ttl_s: float | None
@@ -147,8 +171,7 @@ class SlotPool:
                 current = read_stamp(path)
                 if current is not None and current.state != SlotState.IDLE:
                     return None
-                local = current.generation if current is not None else 0
-                generation = max(local, self._mirror(slot_id)) + 1
+                generation = self.next_generation(slot_id, current)
                 now = self.clock()
                 ttl = self.settings.lease_ttl_s if ttl_s is None else ttl_s
                 stamp = Stamp(
@@ -164,9 +187,7 @@ class SlotPool:
                 # Local first: if Redis then loses the write, the stamp still holds the
                 # high-water mark and the next lease counts from it.
                 write_stamp(path, stamp)
-                self._raise_to(
-                    keys=[keys.slot_generation(self.settings.host, slot_id)], args=[generation]
-                )
+                self.publish_generation(slot_id, generation)
         except Timeout:
             return None  # someone holds the lock: the slot is busy
         self.log.emit(
@@ -178,22 +199,43 @@ class SlotPool:
         )
         return stamp
 
-    def renew(self, slot_id: str, job_id: str, generation: int, ttl_s: float) -> Stamp:
-        """Push the lease's expiry forward; refused when the lease is no longer this one."""
+    def renew(
+        self,
+        slot_id: str,
+        job_id: str,
+        generation: int,
+        ttl_s: float,
+        *,
+        lock_timeout_s: float = -1,
+    ) -> Stamp:
+        """Push the lease's expiry forward; refused when the lease is no longer this one.
+
+        With ``lock_timeout_s`` >= 0 a slot whose lock stays held that long raises
+        :class:`SlotBusy` (the tool server holds it for a whole apply; the heartbeat
+        thread must not stall behind a long ``run_tests``).
+        """
         path = self.slot_dir(slot_id)
-        with slot_lock(path):
-            current = read_stamp(path)
-            if (
-                current is None
-                or current.job_id != job_id
-                or current.generation != generation
-                or current.state not in (SlotState.LEASED, SlotState.CANCEL_REQUESTED)
-            ):
-                raise ReleaseRefused(f"slot {slot_id} is no longer leased to {job_id}@{generation}")
-            stamp = current.model_copy(
-                update={"lease_expires_at": iso(self.clock() + timedelta(seconds=ttl_s))}
-            )
-            write_stamp(path, stamp)
+        try:
+            with slot_lock(path, timeout_s=lock_timeout_s):
+                return self._renew_locked(path, slot_id, job_id, generation, ttl_s)
+        except Timeout:
+            raise SlotBusy(f"slot {slot_id} is locked (a call is being applied)") from None
+
+    def _renew_locked(
+        self, path: Path, slot_id: str, job_id: str, generation: int, ttl_s: float
+    ) -> Stamp:
+        current = read_stamp(path)
+        if (
+            current is None
+            or current.job_id != job_id
+            or current.generation != generation
+            or current.state not in (SlotState.LEASED, SlotState.CANCEL_REQUESTED)
+        ):
+            raise ReleaseRefused(f"slot {slot_id} is no longer leased to {job_id}@{generation}")
+        stamp = current.model_copy(
+            update={"lease_expires_at": iso(self.clock() + timedelta(seconds=ttl_s))}
+        )
+        write_stamp(path, stamp)
         return stamp
 
     # -- release --------------------------------------------------------------
@@ -245,6 +287,25 @@ class SlotPool:
             job_id=job_id,
             attempt=current.attempt,
         )
+        return stamp
+
+    def request_cancel(self, slot_id: str, job_id: str, generation: int, reason: str) -> Stamp:
+        """Mark this lease ``cancel_requested``: still held (capacity stays counted, its
+        calls still apply) until the job confirms the release."""
+        path = self.slot_dir(slot_id)
+        with slot_lock(path):
+            current = read_stamp(path)
+            if (
+                current is None
+                or current.job_id != job_id
+                or current.generation != generation
+                or current.state not in (SlotState.LEASED, SlotState.CANCEL_REQUESTED)
+            ):
+                raise ReleaseRefused(f"slot {slot_id} is no longer leased to {job_id}@{generation}")
+            stamp = current.model_copy(
+                update={"state": SlotState.CANCEL_REQUESTED, "reason": reason}
+            )
+            write_stamp(path, stamp)
         return stamp
 
     def set_state(self, slot_id: str, state: SlotState, reason: str) -> Stamp:
