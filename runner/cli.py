@@ -126,6 +126,11 @@ def result(job_id: str, as_json: bool) -> None:
         )
         if found.reason:
             click.echo(f"  reason: {found.reason}")
+        if found.state == "rejected":
+            from runner.backpressure import rejection_counts
+
+            counts = ", ".join(f"{k} {v}" for k, v in rejection_counts(client).items())
+            click.echo(f"  jobs rejected so far on this Redis: {counts}")
         click.echo(f"  final_tree {found.final_tree}")
         click.echo(
             f"  tool calls {c.tool_calls}, retries {c.retries}, stale rejects "
