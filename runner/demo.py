@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from runner.cli_common import CliError, friendly, load_settings
+from runner.sample_repo import init_repo
 
 CALC_PY = '''"""A tiny calculator with a bug the demo's agent jobs fix."""
 
@@ -66,25 +66,9 @@ FIX_PATCH = """diff --git a/calc.py b/calc.py
 
 def make_sample_repo(path: Path) -> str:
     """A git repository with a failing test; returns its HEAD commit."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "calc.py").write_text(CALC_PY)
-    (path / "test_calc.py").write_text(TEST_CALC_PY)
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "demo",
-        "GIT_AUTHOR_EMAIL": "demo@localhost",
-        "GIT_COMMITTER_NAME": "demo",
-        "GIT_COMMITTER_EMAIL": "demo@localhost",
-    }
-    for argv in (
-        ["git", "init", "-q", "-b", "main"],
-        ["git", "add", "-A"],
-        ["git", "commit", "-q", "-m", "calculator with an off-by-one"],
-    ):
-        subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
-    return subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=path, check=True, capture_output=True, text=True
-    ).stdout.strip()
+    return init_repo(
+        path, {"calc.py": CALC_PY, "test_calc.py": TEST_CALC_PY}, "calculator with an off-by-one"
+    )
 
 
 def demo_spec(repo: Path, base: str, index: int, run_id: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import redis
 from hooks.check_apply_envelope import DISABLE_ENV
 from runner.logs import EventLog
 from runner.redis_server import EmbeddedRedis
+from runner.sample_repo import init_repo
 from runner.settings import Settings
 from runner.slots import SlotPool
 from runner.stack import (
@@ -103,26 +104,7 @@ class Receiver:
 
 
 def _repo(path: Path) -> str:
-    import subprocess
-
-    (path / "pkg").mkdir(parents=True)
-    (path / "pkg" / "lock.py").write_text(LOCK_PY)
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "demo",
-        "GIT_AUTHOR_EMAIL": "demo@localhost",
-        "GIT_COMMITTER_NAME": "demo",
-        "GIT_COMMITTER_EMAIL": "demo@localhost",
-    }
-    for argv in (
-        ["git", "init", "-q", "-b", "main"],
-        ["git", "add", "-A"],
-        ["git", "commit", "-q", "-m", "base"],
-    ):
-        subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
-    return subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=path, env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
+    return init_repo(path, {"pkg/lock.py": LOCK_PY})
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -67,32 +67,9 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
 
 def make_repo(path: Path, files: dict[str, str] | None = None) -> str:
     """A real git repository with one commit; returns the commit id."""
-    import subprocess
+    from runner.sample_repo import init_repo
 
-    path.mkdir(parents=True, exist_ok=True)
-    for name, content in (
-        files or {"pkg/lock.py": "held_by = None\n", "README": "sample\n"}
-    ).items():
-        target = path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@localhost",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@localhost",
-    }
-    for argv in (
-        ["git", "init", "-q", "-b", "main"],
-        ["git", "add", "-A"],
-        ["git", "commit", "-q", "-m", "base"],
-    ):
-        subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
-    out = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=path, env=env, check=True, capture_output=True, text=True
-    )
-    return out.stdout.strip()
+    return init_repo(path, files or {"pkg/lock.py": "held_by = None\n", "README": "sample\n"})
 
 
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
