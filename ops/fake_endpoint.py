@@ -219,12 +219,16 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the load harness would otherwise drown the terminal."""
 
     def _send(self, reply: Reply) -> None:
-        self.send_response(reply.status)
-        for name, value in reply.headers.items():
-            self.send_header(name, value)
-        self.send_header("content-length", str(len(reply.body)))
-        self.end_headers()
-        self.wfile.write(reply.body)
+        try:
+            self.send_response(reply.status)
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.send_header("content-length", str(len(reply.body)))
+            self.end_headers()
+            self.wfile.write(reply.body)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (a timeout it was meant to hit): a late body, unheard.
+            self.close_connection = True
 
     def _json(self, status: int, payload: Any) -> None:
         self._send(Reply(status, json.dumps(payload).encode(), _json_headers()))

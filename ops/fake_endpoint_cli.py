@@ -24,11 +24,23 @@ class _UsageError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _validation_message(exc: ValidationError) -> str:
+    """Pydantic's complaint, in the words of the command line (flags, script steps)."""
     parts = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "config"
-        parts.append(f"{where}: {error['msg']}")
+        loc = [str(p) for p in error["loc"]]
+        message = error["msg"].removeprefix("Value error, ")
+        for name in FakeEndpointConfig.model_fields:
+            message = message.replace(name, _flag(name))
+        if loc[:1] == ["script"] and len(loc) > 1:
+            where = f"--script step {loc[1]}" + "".join(f" {p}" for p in loc[2:])
+        else:
+            where = _flag(loc[0]) if loc else "options"
+        parts.append(f"{where}: {message}")
     return "; ".join(parts)
 
 

@@ -14,6 +14,7 @@ of the load and never raise it above ``C``. A retry is due when its backoff ends
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -46,7 +47,7 @@ from ops.harness_stats import (
 SERVICE_HEADER = "x-service-time-ms"
 BACKOFF_BASE_S = 0.1
 Clock = Callable[[], float]
-Progress = Callable[[], None]
+OnDone = Callable[[], None]
 
 
 class HarnessError(Exception):
@@ -139,7 +140,7 @@ class _Run:
     """One point: the workers, their clocks, the attempts they recorded."""
 
     def __init__(
-        self, config: LoadConfig, concurrency: int, clock: Clock, on_done: Progress | None
+        self, config: LoadConfig, concurrency: int, clock: Clock, on_done: OnDone | None
     ) -> None:
         self.config, self.concurrency, self.clock = config, concurrency, clock
         self.on_done = on_done
@@ -168,75 +169,86 @@ class _Run:
         for _ in range(self.concurrency):
             self.work.put(None)
 
-    def worker(self, index: int) -> None:
+    def worker(self, index: int, client: httpx.Client, ready: threading.Barrier) -> None:
         rng = random.Random(f"{self.config.seed}/{self.concurrency}/{index}")
-        timeout = httpx.Timeout(self.config.timeout_s)
-        with httpx.Client(timeout=timeout, headers=self.headers) as client:
-            while (item := self.work.get()) is not None:
-                prompt, due = item
-                # Closed loop: due the moment this worker is free to take it.
-                self.drive(client, prompt, self.clock() if due is None else due, rng)
-                if self.on_done is not None:
-                    self.on_done()
+        ready.wait()
+        # Closed loop: a prompt is due the moment this worker became free, so the
+        # harness's own work between two requests (bookkeeping, progress, waiting for
+        # the CPU) is charged to queue_wait, not hidden in the endpoint's latency.
+        free_at = self.clock()
+        while (item := self.work.get()) is not None:
+            prompt, due = item
+            free_at = self.drive(client, prompt, free_at if due is None else due, rng)
+            if self.on_done is not None:
+                self.on_done()
 
-    def drive(self, client: httpx.Client, prompt: int, due: float, rng: random.Random) -> None:
+    def drive(self, client: httpx.Client, prompt: int, due: float, rng: random.Random) -> float:
+        """Every attempt at one prompt; returns when the last one finished."""
         body = self.body(prompt)
         for n in range(1, self.config.max_attempts + 1):
-            sent = self.clock()
             status, service, retry_after, completion_id = None, None, None, None
+            sent = self.clock()
             try:
                 response = client.post(self.config.url, json=body)
+                done = self.clock()
+            except httpx.TimeoutException:
+                done, outcome = self.clock(), Outcome.TIMEOUT
+            except httpx.TransportError:
+                done, outcome = self.clock(), Outcome.CONNECTION_ERROR
+            else:
                 status = response.status_code
                 outcome, completion_id = classify(status, response.content)
                 service = _service_ms(response.headers.get(SERVICE_HEADER))
                 retry_after = response.headers.get("retry-after")
-            except httpx.TimeoutException:
-                outcome = Outcome.TIMEOUT
-            except httpx.TransportError:
-                outcome = Outcome.CONNECTION_ERROR
-            done = self.clock()
-            record = Attempt(
-                prompt,
-                n,
-                outcome,
-                status,
-                (sent - due) * 1000,
-                (done - due) * 1000,
-                service,
-                completion_id,
-            )
+            record = Attempt(prompt, n, outcome, status, (sent - due) * 1000,
+                             (done - due) * 1000, service, completion_id)  # fmt: skip
             with self.lock:
                 self.attempts.append(record)
             if outcome not in RETRYABLE or n == self.config.max_attempts:
-                return
-            time.sleep(retry_delay_s(outcome, n, retry_after, rng, self.config.max_backoff_s))
-            due = self.clock()
+                return done
+            delay_s = retry_delay_s(outcome, n, retry_after, rng, self.config.max_backoff_s)
+            # The retry is due when its backoff ends; oversleeping is the harness's delay.
+            due = self.clock() + delay_s
+            time.sleep(delay_s)
+        raise AssertionError("unreachable: the last attempt returns")
 
     def run(self) -> Point:
-        start = self.clock()
-        threads = [
-            threading.Thread(
-                target=self.worker, args=(i,), daemon=True, name=f"harness-c{self.concurrency}-{i}"
-            )
-            for i in range(self.concurrency)
-        ]
-        if self.config.mode == "open":
-            threads.append(threading.Thread(target=self.schedule, args=(start,), daemon=True))
-        else:
+        # Clients are built before the clock starts: building one is CPU work (a TLS
+        # context) that would otherwise land in the queue wait of the first requests.
+        tls = httpx.create_ssl_context()
+        timeout = httpx.Timeout(self.config.timeout_s)
+        clients = [httpx.Client(timeout=timeout, headers=self.headers, verify=tls)
+                   for _ in range(self.concurrency)]  # fmt: skip
+        ready = threading.Barrier(self.concurrency + 1)
+        threads = [threading.Thread(target=self.worker, args=(i, client, ready), daemon=True,
+                                    name=f"harness-c{self.concurrency}-{i}")
+                   for i, client in enumerate(clients)]  # fmt: skip
+        if self.config.mode == "closed":
             for prompt in range(self.config.prompts):
                 self.work.put((prompt, None))
             for _ in range(self.concurrency):
                 self.work.put(None)
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.start()
+            ready.wait()
+            start = self.clock()
+            if self.config.mode == "open":
+                scheduler = threading.Thread(target=self.schedule, args=(start,), daemon=True)
+                scheduler.start()
+                threads.append(scheduler)
+            for thread in threads:
+                thread.join()
+            elapsed_s = self.clock() - start
+        finally:
+            for client in clients:
+                client.close()
         return summarize(
             self.attempts,
             mode=self.config.mode,
             concurrency=self.concurrency,
             prompts=self.config.prompts,
-            elapsed_s=self.clock() - start,
+            elapsed_s=elapsed_s,
             rate_rps=self.config.rate_rps,
         )
 
@@ -244,13 +256,21 @@ class _Run:
 def run_point(
     config: LoadConfig,
     concurrency: int,
-    on_done: Progress | None = None,
+    on_done: OnDone | None = None,
     clock: Clock = time.perf_counter,
 ) -> Point:
     """Send every prompt at ``concurrency`` and measure it."""
     if concurrency < 1:
         raise HarnessError("concurrency must be at least 1")
-    return _Run(config, concurrency, clock, on_done).run()
+    # A full collection of everything the process holds can pause every thread for
+    # milliseconds, which lands in some request's queue wait: collect now and freeze
+    # the survivors, so collections during the run only scan what the run allocates.
+    gc.collect()
+    gc.freeze()
+    try:
+        return _Run(config, concurrency, clock, on_done).run()
+    finally:
+        gc.unfreeze()
 
 
 def preflight(config: LoadConfig) -> None:
@@ -307,7 +327,7 @@ def run_sweep(
     concurrencies: Sequence[int],
     *,
     on_point: Callable[[int], None] | None = None,
-    on_done: Progress | None = None,
+    on_done: OnDone | None = None,
     min_gain: float = MIN_GAIN,
     service_inflation: float = SERVICE_INFLATION,
     max_queue_share: float = MAX_QUEUE_SHARE,

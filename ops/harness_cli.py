@@ -8,6 +8,8 @@ Exit codes: 0 the sweep ran (invalid runs are marked in the report, not errors),
 from __future__ import annotations
 
 import json
+import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from rich.table import Table
 from ops.harness import HarnessError, LoadConfig, SweepReport, api_key_from_env, chat_url, run_sweep
 
 EXIT_USAGE = 2
+PROGRESS_POLL_S = 0.2
 
 
 class _UsageError(click.ClickException):
@@ -279,19 +282,37 @@ def sweep(
 
 
 def _run_with_progress(config: LoadConfig, levels: list[int]) -> SweepReport:
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
+    """The sweep under a progress bar that workers never touch.
+
+    A worker's time between two requests is charged to queue_wait; taking the
+    progress bar's lock while it renders would put the display into the measurement.
+    Workers only append to a deque (atomic); a poller thread moves the bar.
+    """
+    finished: deque[None] = deque()
+    stop = threading.Event()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("sweep", total=config.prompts * len(levels))
+
+        def poll() -> None:
+            while not stop.wait(PROGRESS_POLL_S):
+                progress.update(task, completed=len(finished))
 
         def on_point(level: int) -> None:
             progress.update(task, description=f"{config.mode} loop, C={level}")
 
-        return run_sweep(config, levels, on_point=on_point, on_done=lambda: progress.advance(task))
+        # The first render imports and measures fonts, holding the GIL for ms: do it now,
+        # not while the first workers are timing their requests.
+        progress.refresh()
+        poller = threading.Thread(target=poll, name="harness-progress", daemon=True)
+        poller.start()
+        try:
+            return run_sweep(config, levels, on_point=on_point,
+                             on_done=lambda: finished.append(None))  # fmt: skip
+        finally:
+            stop.set()
+            poller.join()
 
 
 if __name__ == "__main__":

@@ -212,6 +212,8 @@ def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
 
 def _mount() -> None:
     from ops.cli import ops
+    from ops.fake_endpoint_cli import fake_endpoint
+    from ops.harness_cli import harness
     from runner.cli_jobs import cancel
     from runner.cli_slots import slots
     from runner.cli_tools import tools
@@ -222,6 +224,8 @@ def _mount() -> None:
     main.add_command(tools)
     main.add_command(ops)
     main.add_command(demo)
+    main.add_command(fake_endpoint)
+    main.add_command(harness)
 
 
 _mount()

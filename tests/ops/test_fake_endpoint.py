@@ -305,30 +305,60 @@ def test_a_retry_may_be_served_the_earlier_completion_with_the_same_id(start: An
     assert stats(base)["duplicates_sent"] == 1
 
 
+def _send_raw(port: int, request: dict[str, Any]) -> socket.socket:
+    payload = json.dumps(request).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode()
+        + payload
+    )
+    return sock
+
+
+def _give_up_then_read_late(sock: socket.socket) -> tuple[bytes, bytes]:
+    sock.settimeout(0.1)
+    with pytest.raises(TimeoutError):
+        sock.recv(1)  # the client's own timeout fires: it gives up here
+    sock.settimeout(15)
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    return head, body
+
+
 def test_a_hung_request_answers_a_late_body_after_the_client_gave_up(start: Any) -> None:
     """The hang fault outlives the client's timeout, then a complete completion still arrives."""
     _, base = start(hang_prob=1.0, hang_s=1.0, **FAST)
-    port = int(base.rsplit(":", 1)[1])
-    payload = json.dumps(chat_request()).encode()
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode()
-            + payload
-        )
-        sock.settimeout(0.1)
-        with pytest.raises(TimeoutError):
-            sock.recv(1)  # the client's own timeout fires: it gives up here
-        sock.settimeout(15)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    with _send_raw(int(base.rsplit(":", 1)[1]), chat_request()) as sock:
+        head, body = _give_up_then_read_late(sock)
     assert head.startswith(b"HTTP/1.1 200")
     assert b"x-fake-fault: hang" in head
     ChatCompletion.model_validate_json(body)
     counted = stats(base)
     assert counted["timeouts_injected"] == 1 and counted["late_bodies"] == 1
+
+
+def test_a_retry_racing_a_hung_original_can_get_the_same_completion(start: Any) -> None:
+    """Seed 000's story: the original hangs, its retry is served; both carry the same id."""
+    digest = request_digest(chat_request())
+    knobs: dict[str, Any] = {"hang_prob": 0.5, "hang_s": 1.0, "duplicate_prob": 1.0, **FAST}
+    # The plan is pure, so pick the seed whose first arrival hangs and second is a duplicate.
+    seed = next(
+        s
+        for s in range(1000)
+        if plan_request(FakeEndpointConfig(seed=s, **knobs), digest, 1).fault is Fault.HANG
+        and plan_request(FakeEndpointConfig(seed=s, **knobs), digest, 2).duplicate
+    )
+    _, base = start(seed=seed, **knobs)
+    with _send_raw(int(base.rsplit(":", 1)[1]), chat_request()) as sock:
+        poll(lambda: stats(base)["timeouts_injected"] == 1)  # the original drew its hang
+        retry = httpx.post(f"{base}/v1/chat/completions", json=chat_request(), timeout=10)
+        assert retry.headers["x-fake-fault"] == "duplicate"
+        _, late = _give_up_then_read_late(sock)
+    assert ChatCompletion.model_validate_json(late).id == retry.json()["id"]
+    assert stats(base)["duplicates_sent"] == 1
 
 
 def test_an_http_client_timeout_on_a_hang_leaves_the_endpoint_answering_late(start: Any) -> None:
@@ -443,7 +473,8 @@ def test_help_explains_every_fault() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--service-ms-median", "90", "--service-ms-p99", "10"], "service_ms_p99"),
+        (["--service-ms-median", "90", "--service-ms-p99", "10"], "--service-ms-p99 must be"),
+        (["--slow-prob", "1.5"], "--slow-prob: Input should be less than or equal to 1"),
         (["--script", "/nonexistent/steps.json"], "cannot read --script"),
     ],
 )

@@ -219,8 +219,8 @@ def test_a_load_config_refuses_incoherent_settings() -> None:
 LIMIT = 8
 ENDPOINT = {
     "max_concurrency": LIMIT,
-    "service_ms_median": 30.0,
-    "service_ms_p99": 60.0,
+    "service_ms_median": 50.0,
+    "service_ms_p99": 100.0,
     "retry_after_s": 1,
     "seed": 3,
 }
@@ -251,7 +251,7 @@ def closed_sweep(
     tmp = tmp_path_factory.mktemp("sweep")
     plot = tmp / "sweep.png"
     result, report = _sweep(
-        endpoint[1], tmp, "--concurrency", "1,2,4,8,16,32", "--prompts", "48", "--plot", str(plot)
+        endpoint[1], tmp, "--concurrency", "1,2,4,8,16,32", "--prompts", "120", "--plot", str(plot)
     )
     return result, report, plot
 
@@ -273,11 +273,11 @@ def test_closed_loop_runs_up_to_the_knee_are_valid_and_above_it_invalid(closed_s
     _, report, _ = closed_sweep
     knee = report["knee"]["concurrency"]
     for point in report["points"]:
-        assert point["first"]["queue_share"] < 0.05
         if point["concurrency"] <= knee:
             assert point["valid"], point["invalid_reasons"]
+            assert point["first"]["queue_share"] < 0.05
         else:
-            assert point["invalid_reasons"] == ["above_knee"]
+            assert "above_knee" in point["invalid_reasons"]
         assert "limit_rate" in point and "timeout_rate" in point
 
 
@@ -360,6 +360,7 @@ def _free_port() -> int:
         (["--url", "{base}", "--concurrency", "1,x"], "'x' is not a positive integer"),
         (["--url", "{base}", "--concurrency", "0"], "'0' is not a positive integer"),
         (["--url", "nowhere"], "--url"),
+        (["--url", "{base}", "--api-key-env", "SLOTRUNNER_TEST_UNSET_KEY"], "is not set"),
     ],
 )
 def test_bad_input_is_one_clear_line(
