@@ -1,0 +1,178 @@
+"""``slotrunner ops detect`` throughput against the seed's jq|awk alert, and its memory.
+
+The log is made by the generator the detector's own tests use
+(``tests/ops/test_detect.py``: ``synth_log``, DESIGN §5 schema, two hosts, incidents
+of every kind injected, no garbage lines: jq stops at the first line it cannot
+parse). Subject: ``python -m ops.cli detect PATH --json`` (a child process, output
+discarded). Baseline, on the same file in the same run::
+
+    jq -r 'select(.tool=="apply_patch") | [.job_id,.slot_generation,.receipt_job] | @tsv' FILE \\
+      | awk -F'\\t' '$1 != $3 { print }'
+
+Memory: the detector's peak RSS (``ru_maxrss`` from ``wait4``) on a large log (about
+1 GB in the full run, the throughput file with ``--quick``), next to a bare Python
+loop over the same file's lines (the floor of any streaming reader).
+
+Goals: at least 10x the jq pipeline's throughput; peak RSS under 100 MB.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.fixtures import REPO_ROOT, Context
+from bench.machine import run_peak_rss
+from bench.stats import (
+    BenchError,
+    BenchResult,
+    Figure,
+    Goal,
+    Run,
+    interleave,
+    not_measured,
+    summarize,
+)
+
+SPEED_GOAL = Goal(">=", 10.0, ">= 10x the seed's jq|awk pipeline")
+RSS_GOAL = Goal("<", 100.0, "< 100 MB peak RSS on a large log")
+SEED_PIPELINE = (
+    'jq -r \'select(.tool=="apply_patch") | [.job_id,.slot_generation,.receipt_job] '
+    "| @tsv' \"$0\" | awk -F'\\t' '$1 != $3 { print }'"
+)
+BYTES_PER_LINE = 293  # what synth_log writes on average (measured once; only sizes the file)
+DETECT_OK = (0, 1)  # clean, or incidents found (the generated log has some)
+
+
+def _generate(path: Path, lines: int, seed: int) -> None:
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from tests.ops.test_detect import synth_log
+
+    rounds = max(1, lines // 200_000)
+    synth_log(path, lines, seed=seed, rounds=rounds, garbage=False)
+
+
+def _run(argv: list[str], ok: tuple[int, ...]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    wall = time.perf_counter() - start
+    if proc.returncode not in ok:
+        raise BenchError(f"{argv[:4]} exited {proc.returncode}: {proc.stderr[-300:]!r}")
+    return wall
+
+
+def run(ctx: Context) -> BenchResult:
+    result = BenchResult("detector")
+    reps = ctx.pick(3, 5)
+    lines = ctx.pick(60_000, 600_000)
+    work = ctx.dir("detector")
+    log = work / "events.jsonl"
+    ctx.log(f"detector: generating {lines:,} log lines")
+    _generate(log, lines, seed=11)
+    size_mb = log.stat().st_size / 1e6
+    detect = [sys.executable, "-m", "ops.cli", "detect", str(log), "--json"]
+    seed = ["bash", "-o", "pipefail", "-c", SEED_PIPELINE, str(log)]
+
+    def arm(argv: list[str], ok: tuple[int, ...]) -> Run:
+        wall = _run(argv, ok)
+        return Run((wall,), wall, lines)  # one op = one whole-file scan; rate = lines/s
+
+    if shutil.which("jq") is None:
+        result.figures.append(
+            not_measured(
+                "detector.throughput",
+                "detector vs the seed's jq|awk pipeline",
+                "jq is not installed (apt-get install jq)",
+                SPEED_GOAL,
+            )
+        )
+        runs = interleave(reps, {"subject": lambda _: arm(detect, DETECT_OK)})
+    else:
+        _run(detect, DETECT_OK)  # warm the page cache and the interpreter's imports
+        _run(seed, (0,))
+        runs = interleave(
+            reps,
+            {"subject": lambda _: arm(detect, DETECT_OK), "baseline": lambda _: arm(seed, (0,))},
+        )
+        speed = [
+            b.wall_s / s.wall_s for s, b in zip(runs["subject"], runs["baseline"], strict=True)
+        ]
+        speed.sort()
+        result.figures.append(
+            Figure(
+                name="detector.throughput",
+                what=f"scan a {lines:,}-line ({size_mb:.0f} MB) log",
+                subject_label="python -m ops.cli detect PATH --json",
+                baseline_label="jq -r 'select(.tool==\"apply_patch\") ...' | awk",
+                unit="lines/s",
+                subject=_per_file(runs["subject"], size_mb),
+                baseline=_per_file(runs["baseline"], size_mb),
+                ratio=speed[len(speed) // 2],
+                ratio_means="detector lines/s / jq pipeline lines/s",
+                spread=(speed[0], speed[-1]),
+                goal=SPEED_GOAL,
+                note="p50/p99 here are per whole-file run (one op = one scan of the file)",
+            )
+        )
+    result.figures.append(_memory(ctx, work, log, lines))
+    result.notes.append(
+        f"{reps} repetitions per arm, interleaved, each a child process over the whole file "
+        "(interpreter start included; it is well under 1% of a run). Log generated by "
+        "tests/ops/test_detect.py:synth_log."
+    )
+    return result
+
+
+def _per_file(runs: list[Run], size_mb: float) -> dict[str, float]:
+    out = summarize(runs)
+    out["mb_per_s"] = round(size_mb * out["ops_per_s"] / runs[0].ops, 2)
+    return out
+
+
+def _memory(ctx: Context, work: Path, small: Path, small_lines: int) -> Figure:
+    if ctx.quick:
+        big, lines = small, small_lines
+    else:
+        lines = 1_000_000_000 // BYTES_PER_LINE
+        big = work / "big.jsonl"
+        ctx.log(f"detector: generating a large log of {lines:,} lines (about 1 GB)")
+        _generate(big, lines, seed=12)
+    size_mb = big.stat().st_size / 1e6
+    code, wall, peak = run_peak_rss(
+        [sys.executable, "-m", "ops.cli", "detect", str(big), "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    if code not in DETECT_OK:
+        raise BenchError(f"the detector exited {code} on the large log")
+    floor_code, _, floor = run_peak_rss(
+        [sys.executable, "-c", "import sys\nfor _ in open(sys.argv[1], 'rb'): pass", str(big)],
+    )
+    if floor_code != 0:
+        raise BenchError("the bare line loop failed on the large log")
+    ctx.memory["detector"] = (peak, f"ops detect over {size_mb:,.0f} MB ({lines:,} lines)")
+    ctx.memory["python_line_loop"] = (floor, "a bare Python loop over the same file")
+    if big != small:
+        big.unlink()
+    return Figure(
+        name="detector.peak_rss",
+        what=f"peak RSS over a {size_mb:,.0f} MB log ({lines:,} lines)",
+        subject_label="python -m ops.cli detect PATH --json",
+        baseline_label="python -c 'for _ in open(PATH, \"rb\"): pass'",
+        unit="-",
+        subject={
+            "peak_rss_mb": peak,
+            "wall_s": round(wall, 2),
+            "mb_per_s": round(size_mb / wall, 1),
+        },
+        baseline={"peak_rss_mb": floor},
+        ratio=peak / floor,
+        ratio_means="detector peak RSS / bare line-loop peak RSS",
+        goal=RSS_GOAL,
+        value=peak,
+        value_means="detector peak RSS in MB",
+    )
