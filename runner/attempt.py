@@ -20,7 +20,7 @@ from runner.agent import AgentRun, ScriptedSteps
 from runner.lease_keeper import LeaseKeeper
 from runner.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
 from runner.models import JobResult, JobSpec, ScriptedPlanner
-from runner.planners import ChatPlanner, PlannerError
+from runner.planners import ChatPlanner, PlannerError, PlannerStopped
 from runner.results import finish
 from runner.slots import NoSlotFree, ReleaseRefused
 from runner.stamp import Stamp
@@ -167,6 +167,8 @@ class Attempt:
             planner_failure = None
             try:
                 records = run.run(planner)
+            except PlannerStopped as exc:
+                records, run.stopped = run.records, exc.reason
             except PlannerError as exc:
                 records, planner_failure = run.records, f"planner: {exc}"
             finally:
@@ -218,7 +220,12 @@ class Attempt:
             return ScriptedSteps(spec)
         desk = AdmissionDesk(self.ctx.redis, self.spec.eval_run, spec.admission_bound)
         return ChatPlanner(
-            spec, desk, job_id=self.job_id, attempt=self.attempt, deadline_s=deadline_s
+            spec,
+            desk,
+            job_id=self.job_id,
+            attempt=self.attempt,
+            deadline_s=deadline_s,
+            should_stop=self.stop_reason,
         )
 
     def cancel_slot(self, stamp: Stamp) -> None:

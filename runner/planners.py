@@ -31,11 +31,20 @@ from runner.models import OpenAIPlanner, Step, StepRecord
 from tools import classifier, registry
 
 MAX_REQUESTS_PER_STEP = 8
+STOP_POLL_S = 0.2  # how often a wait for the model checks for a cancel
 RESULT_CHARS = 4000
 
 
 class PlannerError(RuntimeError):
     """The planner could not get a usable completion for a step."""
+
+
+class PlannerStopped(PlannerError):
+    """The job was told to stop (cancelled, superseded) while a request was in flight."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"stopped while waiting for the model: {reason}")
+        self.reason = reason
 
 
 class _Function(BaseModel):
@@ -105,8 +114,10 @@ class ChatPlanner:
         http: httpx.Client | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        should_stop: Callable[[], str | None] | None = None,
     ) -> None:
         self.spec = spec
+        self.should_stop = should_stop
         self.desk = desk
         self.job_id = job_id
         self.attempt = attempt
@@ -199,7 +210,7 @@ class ChatPlanner:
             self.stats["requests"] += 1
             future = self._pool.submit(self._post, body)
             try:
-                status, headers, raw = future.result(timeout=self.spec.request_timeout_s)
+                status, headers, raw = self._wait(future, lease)
             except FutureTimeout:
                 # The request is not cancelled (the backend may still answer): fence it.
                 self.desk.expire(lease)
@@ -222,6 +233,33 @@ class ChatPlanner:
             f"step {index}: no usable completion within the deadline or "
             f"{MAX_REQUESTS_PER_STEP} requests"
         )
+
+    def _wait(
+        self, future: Future[tuple[int, httpx.Headers, bytes]], lease: Lease
+    ) -> tuple[int, httpx.Headers, bytes]:
+        """The request's answer; FutureTimeout past the local timeout; PlannerStopped
+        when the job is cancelled or superseded meanwhile (seed 001: the lease is marked
+        cancel_requested and stays counted until the backend confirms it is done)."""
+        give_up = self.clock() + self.spec.request_timeout_s
+        while True:
+            left = give_up - self.clock()
+            if left <= 0:
+                raise FutureTimeout
+            try:
+                return future.result(timeout=min(STOP_POLL_S, left))
+            except FutureTimeout:
+                stop = self.should_stop() if self.should_stop is not None else None
+                if stop is None:
+                    continue
+                self.desk.cancel(lease)
+                self.stats["cancelled_in_flight"] += 1
+                future.add_done_callback(functools.partial(self._abandoned, lease=lease))
+                raise PlannerStopped(stop) from None
+
+    def _abandoned(self, future: Future[tuple[int, httpx.Headers, bytes]], *, lease: Lease) -> None:
+        """A request whose job stopped has answered: the capacity comes back now."""
+        self.desk.release(lease)
+        self.stats["confirmed_releases"] += 1
 
     def _settle(
         self, lease: Lease, status: int, headers: httpx.Headers, raw: bytes
