@@ -16,19 +16,31 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ops.detect import DETECT_KINDS, Incident, Malformed, Replay, Tally, judge_records, read_records
+from ops.detect import (
+    DETECT_KINDS,
+    Incident,
+    KeySet,
+    Malformed,
+    Replay,
+    Tally,
+    expected_keys,
+    judge_batches,
+    read_batches,
+)
 from ops.follow import Follower, FollowError
-from ops.page import PageError, Pager
 from ops.pool import PoolBrake
 from ops.verify import verify as verify_logs
 from runner.settings import Settings, SettingsError
+
+if TYPE_CHECKING:  # imported where used: a one-shot detect loads no HTTP client
+    from ops.page import Pager
 
 PAGE_BATCH = 256  # incidents per page call in a one-shot run (the first goes alone, at once)
 RETRY_GAP_S = 10.0  # after a failed delivery, wait this long unless new incidents arrive
@@ -140,6 +152,8 @@ class Responder:
         fresh = self.pager.enqueue(incidents, note)
         if not self.pager.pending or (not fresh and self._clock() < self._retry_at):
             return
+        from ops.page import PageError
+
         try:
             self.pager.deliver()
             self.failed = False
@@ -181,7 +195,7 @@ def detect(
     if webhook and not webhook.startswith(("http://", "https://")):
         _fail(f"--webhook {webhook!r}: expected an http:// or https:// URL")
     try:
-        pager = Pager(webhook, state_dir) if webhook and state_dir else None
+        pager = _pager(webhook, state_dir) if webhook and state_dir else None
     except OSError as exc:
         _fail(f"--state-dir {state_dir}: {exc.strerror or exc}")
     brake = PoolBrake(_broker_url) if stop_pool else None
@@ -200,6 +214,12 @@ def detect(
     raise SystemExit(code)
 
 
+def _pager(webhook: str, state_dir: Path) -> Pager:
+    from ops.page import Pager
+
+    return Pager(webhook, state_dir)
+
+
 def _broker_url() -> str:
     from runner.redis_server import resolve_url  # only when the brake is pulled
 
@@ -208,9 +228,9 @@ def _broker_url() -> str:
 
 def _scan(inputs: list[str], as_json: bool, respond: Responder) -> int:
     report = Report(as_json)
-    records, tallies = read_records(inputs)
+    batches, tallies = read_batches(inputs)
     batch: list[Incident] = []
-    for item in judge_records(records, Replay()):
+    for item in judge_batches(batches, Replay(KeySet(expected=expected_keys(tallies)))):
         report.item(item)
         if isinstance(item, Incident):
             batch.append(item)

@@ -1,0 +1,62 @@
+"""ops.prefetch: a second process reads a file exactly as the caller would."""
+
+from __future__ import annotations
+
+import gzip
+import multiprocessing
+from pathlib import Path
+
+from ops import prefetch
+from ops.scan import Tally, read_chunks, records_of, scan_chunk
+from tests.ops.test_detect import lease_line, synth_log
+
+
+def _in_process(path: Path) -> tuple[list[tuple[str, int, str]], Tally]:
+    tally = Tally(str(path))
+    recs = [r for c in read_chunks(tally) for r in records_of(scan_chunk(c, tally))]
+    return [(type(r).__name__, r.line, r.ts) for r in recs], tally
+
+
+def _prefetched(path: Path) -> tuple[list[tuple[str, int, str]], Tally]:
+    tally = Tally(str(path))
+    recs = [r for b in prefetch.batches(tally) for r in records_of(b)]
+    return [(type(r).__name__, r.line, r.ts) for r in recs], tally
+
+
+def _counts(tally: Tally) -> tuple[int, int, int, str | None]:
+    return (tally.lines, tally.blank, tally.malformed, tally.error)
+
+
+def test_the_reading_process_finds_what_the_caller_finds(tmp_path: Path) -> None:
+    """Same records, malformed lines, numbers and counts, plain or gzip, garbage included."""
+    path = tmp_path / "log.jsonl"
+    synth_log(path, 30_000, seed=12)  # about 9 MB: several chunks, some with garbage
+    gz = tmp_path / "log.jsonl.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    want, ref = _in_process(path)
+    for source in (path, gz):
+        found, tally = _prefetched(source)
+        assert found == want
+        assert _counts(tally) == _counts(ref)
+    assert ref.malformed > 0
+
+
+def test_unusable_input_is_reported_not_raised(tmp_path: Path) -> None:
+    """A missing file or a damaged gzip sets the tally's error, as reading in-process does."""
+    tally = Tally(str(tmp_path / "missing.jsonl"))
+    assert list(prefetch.batches(tally)) == [] and tally.error == "no such file"
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(lease_line("A", 1) * 5_000)[:-40])
+    tally = Tally(str(bad))
+    list(prefetch.batches(tally))
+    assert tally.error is not None and tally.error.startswith("read failed")
+
+
+def test_stopping_early_ends_the_reading_process(tmp_path: Path) -> None:
+    """A caller that stops after one batch leaves no reading process behind."""
+    path = tmp_path / "log.jsonl"
+    path.write_bytes((lease_line("A", 1) + b"\n") * 200_000)
+    found = prefetch.batches(Tally(str(path)))
+    assert next(found).lines
+    found.close()
+    assert multiprocessing.active_children() == []
