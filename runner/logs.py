@@ -76,6 +76,8 @@ class EventLog:
             event_dict.setdefault("host", host)
             return event_dict
 
+        # bind() once: wrap_logger returns a lazy proxy that would build a new bound
+        # logger on every emit, and a line is emitted before every tool reply.
         self._log: Any = structlog.wrap_logger(
             self._sink,
             processors=[
@@ -84,7 +86,7 @@ class EventLog:
                 structlog.processors.JSONRenderer(sort_keys=False),
                 _encode,
             ],
-        )
+        ).bind()
 
     def emit(self, event: str, **fields: Any) -> None:
         self._log.info(event, **fields)

@@ -192,9 +192,45 @@ class Workspaces:
         with self._lock(cache):
             cache, fresh = self._ensure_cache(src)
             base_commit = self._resolve_base(cache, source, base, fresh)
-        tree = self._checkout(work, cache, base_commit)
-        commit, start_tree = self._snapshot(tree, job_id, "start", base_commit)
+        tree, start_tree = self._recycle(work, cache, base_commit)
+        commit = self._commit_snapshot(tree, job_id, "start", base_commit, start_tree)
         return Prepared(src.key, base_commit, commit, start_tree)
+
+    def _recycle(self, work: Path, cache: Path, commit: str) -> tuple[_WorkTree, str]:
+        """Put `work` back at `commit`, pristine; returns it with its (start) tree id.
+
+        The quick way first: ``checkout --force`` (index, HEAD and tracked files to the
+        commit) and ``clean -ffdx`` (every untracked and ignored file; git exits
+        non-zero when one cannot be removed). What neither exit code can promise --
+        that the files on disk are the commit's, nothing more and nothing less -- the
+        start snapshot proves: it is the tree of everything in `work` that is not
+        ignored, so it equals the commit's tree exactly when the two reached it. That
+        replaces a second full pass (``reset --hard``) and a third (``status
+        --ignored``) over the tree. Anything else starts the slot's tree over.
+        """
+        tree = self._attach(work, cache, commit)
+        try:
+            _remove_nested_git(work)
+            self._git(*tree.args(), "checkout", "-q", "--force", "--detach", commit, env=tree.env())
+            self._git(*tree.args(), "clean", "-ffdxq", env=tree.env())
+            start_tree = self._worktree_tree(tree)
+            if start_tree == self._tree_of(cache, commit):
+                return tree, start_tree
+        except WorkspaceError:
+            pass
+        # A read-only directory left by a test run, a stale index.lock from a killed
+        # git, or files git would not touch: start this slot's tree over, once.
+        self._discard(work)
+        tree = self._attach(work, cache, commit)
+        self._reset(tree, commit)
+        return tree, self._worktree_tree(tree)
+
+    def _tree_of(self, git_dir: Path, commit: str) -> str | None:
+        status, out, _ = self._git(
+            "--git-dir", str(git_dir), "rev-parse", "--verify", "--quiet",
+            "--end-of-options", f"{commit}^{{tree}}", check=False,
+        )  # fmt: skip
+        return out.decode().strip() if status == 0 else None
 
     def _checkout(self, work: Path, cache: Path, commit: str) -> _WorkTree:
         """Make `work` a pristine worktree of `cache` at `commit`, reusing it if it is one."""
@@ -319,6 +355,11 @@ class Workspaces:
 
     def _snapshot(self, tree: _WorkTree, job_id: str, which: str, parent: str) -> tuple[str, str]:
         tree_id = self._worktree_tree(tree)
+        return self._commit_snapshot(tree, job_id, which, parent, tree_id), tree_id
+
+    def _commit_snapshot(
+        self, tree: _WorkTree, job_id: str, which: str, parent: str, tree_id: str
+    ) -> str:
         _, out, _ = self._git(
             "--git-dir",
             str(tree.cache),
@@ -334,7 +375,7 @@ class Workspaces:
         with self._lock(tree.cache):
             ref = snapshot_ref(job_id, which)
             self._git("--git-dir", str(tree.cache), "update-ref", ref, commit)
-        return commit, tree_id
+        return commit
 
     def _worktree_tree(self, tree: _WorkTree) -> str:
         with tempfile.TemporaryDirectory(prefix="slotrunner-index-") as tmp:
@@ -566,3 +607,24 @@ def _rmtree(path: Path) -> None:
             if not os.path.islink(child):  # chmod follows links: never touch outside
                 os.chmod(child, 0o700)
     shutil.rmtree(path)
+
+
+def _remove_nested_git(work: Path) -> None:
+    """Delete every ``.git`` below the work root (never the root's own ``.git`` file).
+
+    Git never tracks such a path, but code run by ``run_tests`` can plant one, and a
+    directory holding a ``.git`` looks like a nested repository to ``git clean`` and
+    ``git add``: its files would survive the recycle into the next job's tree.
+    """
+    import shutil
+
+    for dirpath, dirnames, filenames in os.walk(work):
+        here = Path(dirpath)
+        if here == work:
+            dirnames[:] = [d for d in dirnames if d != ".git"]
+            continue
+        if ".git" in dirnames:
+            dirnames.remove(".git")
+            shutil.rmtree(here / ".git", ignore_errors=True)
+        if ".git" in filenames:
+            (here / ".git").unlink(missing_ok=True)

@@ -13,13 +13,26 @@ durably, before its effect and an outcome line (``applied`` or ``failed``) after
     else:
         receipt = began.receipt          # a replay: the original receipt, nothing applied
 
-Concurrency: every read-check-append holds a ``filelock`` on ``receipts.lock`` (the
-tool server's worker processes and the recovery step share the file) plus a thread
-lock (threads of one process share this object). There is no group commit: each
-record is its own write and fsync, which is simpler and already durable per caller.
+Concurrency: every read-check-append holds an exclusive ``flock`` on ``receipts.lock``
+(the tool server, the janitor in a worker process and the recovery step share the
+file) plus a thread lock (threads of one process share this object). The lock file
+and ``receipts.jsonl`` are each opened once per store and process and kept open:
+a record costs one ``flock`` pair, one ``write`` and one ``fsync``
+(:func:`runner.durable.append_record_fd`), not an open, a lock-file dance and a
+close. A forked child drops the descriptors it inherited and opens its own, so a
+parent and child never share one open file description (which would make their
+``flock`` calls not exclude each other).
+
+There is no group commit: every writer of a slot's receipts (the tool server and
+the janitor) already holds the slot's lock for the whole call, so two records of one
+slot are never pending together; concurrent slots fsync their own files in parallel.
 
 The in-memory index is refreshed by reading only the bytes appended since the last
-read, so a lookup costs O(new bytes), not O(file).
+read, so a lookup costs O(new bytes), not O(file); when the file still ends where
+this store's own last record ended (one ``stat``), nothing is read at all. A record
+this store appends is folded into the index from the value it wrote, not read back:
+under the lock its line is known to be the last one (the ``O_APPEND`` offset after
+the write says where it ended), so the file and the index cannot disagree.
 
 Errors (all :class:`tools.reasons.ToolError`)::
 
@@ -30,21 +43,22 @@ Errors (all :class:`tools.reasons.ToolError`)::
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
-from runner.durable import append_record
+from runner.durable import append_record_fd, open_append
 from tools.reasons import Reason, ToolError
 
 RECEIPTS_FILE = "receipts.jsonl"
@@ -75,7 +89,9 @@ class Receipt(BaseModel):
 
     # extra="ignore": a valid record carrying a field from a newer version must still
     # count as present; reading it as absent could let the key be applied a second time.
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # ser_json_inf_nan: a NaN in a result is written as NaN (as json.dumps would), not
+    # silently turned into null.
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
 
     key: str = Field(min_length=1)
     job_id: str = Field(min_length=1)
@@ -146,13 +162,60 @@ def _parse_line(raw: bytes) -> Receipt | None:
 
 
 def _encode(receipt: Receipt) -> bytes:
+    """The record line of ``receipt``: compact JSON, ASCII only, ``None`` fields left out."""
+    text: str | None
     try:
-        text = json.dumps(receipt.to_wire(), separators=(",", ":"), ensure_ascii=True)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"receipt for key {receipt.key!r} is not JSON-serialisable: {exc}"
-        ) from exc
+        # pydantic-core writes the JSON in one call (a record is encoded on every
+        # durable write); its output is used when it is plain ASCII, as lines are.
+        text = receipt.model_dump_json(exclude_none=True)
+    except ValueError:  # e.g. a lone surrogate, which only an escape can carry
+        text = None
+    if text is None or not text.isascii():
+        try:
+            text = json.dumps(receipt.to_wire(), separators=(",", ":"), ensure_ascii=True)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"receipt for key {receipt.key!r} is not JSON-serialisable: {exc}"
+            ) from exc
     return text.encode("ascii") + b"\n"
+
+
+class _Handles:
+    """The descriptors a store keeps open; closed when the store is collected.
+
+    A separate object so the finalizer and the at-fork hook never hold the store.
+    """
+
+    def __init__(self) -> None:
+        self.lock_fd: int | None = None
+        self.append_fd: int | None = None
+
+    def close(self) -> None:
+        for fd in (self.lock_fd, self.append_fd):
+            if fd is not None:
+                with suppress(OSError):
+                    os.close(fd)
+        self.lock_fd = self.append_fd = None
+
+
+# Every live store, so a forked child can drop what it inherited (see _after_fork).
+_LIVE: weakref.WeakSet[ReceiptStore] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # The child shares the parent's open file descriptions: a flock taken through one
+    # would not exclude the parent. Close the child's copies (the parent's stay open
+    # and locked as they were) and start over with fresh ones on the next record. The
+    # thread lock may have been held by a thread that does not exist in the child.
+    # The index is rebuilt from the file too: a parent thread may have been halfway
+    # through folding lines into it when the fork copied it.
+    for store in list(_LIVE):
+        store._handles.close()
+        store._thread_lock = threading.Lock()
+        store._forget()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class ReceiptStore:
@@ -164,15 +227,30 @@ class ReceiptStore:
         if not slot_dir.is_dir():
             raise FileNotFoundError(f"slot directory {slot_dir} does not exist")
         self.path = slot_dir / RECEIPTS_FILE
+        self._dir = str(slot_dir)
+        self._file = str(self.path)
+        self._lock_file = str(slot_dir / LOCK_FILE)
         self._clock = clock
         self._thread_lock = threading.Lock()
-        self._file_lock = FileLock(slot_dir / LOCK_FILE, thread_local=False)
+        self._handles = _Handles()
+        weakref.finalize(self, self._handles.close)
+        self._broken: str | None = None  # set once a write failed: never write again
+        self._forget()
+        _LIVE.add(self)
+
+    def _forget(self) -> None:
+        """Drop everything read from the file; the next use reads it from the start."""
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file seen
         self._index: dict[str, _KeyState] = {}
         self._offset = 0  # end of the last complete line read
         self._seen_size = 0  # file size at the last read (includes a torn tail)
         self._tail_torn = False  # the file ends in bytes without a newline
         self._malformed = 0  # complete lines that are not records
-        self._broken: str | None = None  # set once a write failed: never write again
+
+    def close(self) -> None:
+        """Close the kept-open descriptors (they reopen on the next use)."""
+        with self._thread_lock:
+            self._handles.close()
 
     @property
     def torn_lines(self) -> int:
@@ -196,7 +274,8 @@ class ReceiptStore:
         patch_sha256: str | None = None,
     ) -> Begin:
         """Bind ``key`` to ``job_id`` and write its intent, unless it has records already."""
-        with self._locked():
+        self._acquire()
+        try:
             self._refresh()
             state = self._index.get(key)
             if state is not None:
@@ -221,8 +300,9 @@ class ReceiptStore:
                 pre_digest=pre_digest,
                 patch_sha256=patch_sha256,
             )
-            self._append(intent)
-            return Begin(receipt=intent, fresh=True)
+            return Begin(receipt=self._append(intent), fresh=True)
+        finally:
+            self._release()
 
     def finish(
         self,
@@ -242,7 +322,8 @@ class ReceiptStore:
             raise ValueError(f"finish() needs an intent, got a {intent.status} receipt")
         if status is Status.INTENT:
             raise ValueError("finish() writes an outcome: status must be applied or failed")
-        with self._locked():
+        self._acquire()
+        try:
             self._refresh()
             state = self._index.get(intent.key)
             if state is None or state.intent is None:
@@ -254,8 +335,11 @@ class ReceiptStore:
                 )
             if state.outcome is not None:
                 return state.outcome
-            outcome = intent.model_copy(
-                update={
+            # Validated like a line read back (and the result dict copied: the index
+            # must not change when the caller later changes its own dict).
+            outcome = Receipt.model_validate(
+                {
+                    **intent.__dict__,
                     "status": status,
                     "ts": self._now(),
                     "digest": digest if digest is not None else intent.digest,
@@ -263,8 +347,9 @@ class ReceiptStore:
                     "result": result,
                 }
             )
-            self._append(outcome)
-            return outcome
+            return self._append(outcome)
+        finally:
+            self._release()
 
     def lookup(self, key: str) -> Receipt | None:
         """The key's outcome if it has one, else its open intent, else ``None``."""
@@ -292,23 +377,67 @@ class ReceiptStore:
 
     # -- edges ---------------------------------------------------------------------
 
+    def _acquire(self) -> None:
+        self._thread_lock.acquire()
+        try:
+            fd = self._handles.lock_fd
+            if fd is None:
+                fd = self._handles.lock_fd = os.open(
+                    self._lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+                )
+            # Blocking: the kernel wakes us when the holder unlocks (or dies: a dead
+            # process's flock goes with its descriptors), no polling interval.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def _release(self) -> None:
+        try:
+            if self._handles.lock_fd is not None:
+                fcntl.flock(self._handles.lock_fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
+
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with self._thread_lock, self._file_lock:
+        self._acquire()
+        try:
             yield
+        finally:
+            self._release()
 
     def _now(self) -> str:
         moment = self._clock()
-        if moment.tzinfo is None:
-            raise ValueError("the receipt clock returned a naive datetime; it must be UTC-aware")
-        return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        if moment.tzinfo is not UTC:
+            if moment.tzinfo is None:
+                raise ValueError(
+                    "the receipt clock returned a naive datetime; it must be UTC-aware"
+                )
+            moment = moment.astimezone(UTC)
+        return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
     def _refresh(self) -> None:
         """Fold the lines appended since the last read into the index (lock held)."""
         try:
-            size = os.stat(self.path).st_size
+            st = os.stat(self._file)
         except FileNotFoundError:
-            size = 0
+            if self._identity is not None:
+                # The kept-open descriptor would append to a file no reader can find:
+                # records acknowledged as durable, then lost to every lookup.
+                raise ReceiptDurabilityError(
+                    f"{self.path} vanished after {self._seen_size} bytes; receipts lost"
+                ) from None
+            return
+        identity = (st.st_dev, st.st_ino)
+        if self._identity is None:
+            self._identity = identity
+        elif identity != self._identity:
+            # Moved aside or replaced: the same danger, and what was read may be gone.
+            raise ReceiptDurabilityError(
+                f"{self.path} was replaced by another file; the receipts read so far are gone"
+            )
+        size = st.st_size
         if size == self._seen_size:
             return
         if size < self._seen_size:
@@ -317,7 +446,7 @@ class ReceiptStore:
             raise ReceiptDurabilityError(
                 f"{self.path} shrank from {self._seen_size} to {size} bytes; receipts lost"
             )
-        with open(self.path, "rb") as f:
+        with open(self._file, "rb") as f:
             f.seek(self._offset)
             self._tail_torn = False
             for raw in f:
@@ -346,26 +475,56 @@ class ReceiptStore:
         elif state.outcome is None:
             state.outcome = receipt  # the first outcome is the one that counts
 
-    def _append(self, receipt: Receipt) -> None:
-        """Durably append one record (lock held, index fresh); never retried."""
+    def _append_fd(self) -> int:
+        """The kept-open ``O_APPEND`` descriptor, opened (and the file made) on first use."""
+        fd = self._handles.append_fd
+        if fd is None:
+            fd = open_append(self.path)
+            st = os.fstat(fd)
+            if self._identity is None:
+                self._identity = (st.st_dev, st.st_ino)
+            elif (st.st_dev, st.st_ino) != self._identity:
+                os.close(fd)
+                raise ReceiptDurabilityError(
+                    f"{self.path} was replaced by another file; the receipts read so far are gone"
+                )
+            self._handles.append_fd = fd
+        return fd
+
+    def _append(self, receipt: Receipt) -> Receipt:
+        """Durably append the line of ``receipt`` (lock held, index fresh); never retried.
+
+        Returns ``receipt``, now in the index.
+        """
         if self._broken is not None:
             # A second fsync after a failed one can report success for pages the
             # kernel already dropped, so this store writes nothing more.
             raise ReceiptDurabilityError(
                 f"{self.path} is not written after an earlier failure: {self._broken}"
             )
-        line = _encode(receipt)
-        if self._tail_torn:
-            line = TORN_TERMINATOR + line
+        record = _encode(receipt)
+        torn = self._tail_torn
+        line = TORN_TERMINATOR + record if torn else record
         try:
-            append_record(self.path, line)
+            end = append_record_fd(self._append_fd(), line, self._dir)
         except OSError as exc:  # DurabilityError, or a failed open/write: fate unknown
             self._broken = f"{type(exc).__name__}: {exc}"
             raise ReceiptDurabilityError(
                 f"receipt for key {receipt.key!r} may or may not be on disk "
                 f"({self._broken}); the slot must be poisoned"
             ) from exc
-        self._refresh()
+        if end != self._seen_size + len(line):
+            # Someone appended without the lock: read everything back from the file.
+            self._refresh()
+            return receipt
+        # Our line is the file's last and follows everything already folded: fold the
+        # record we wrote instead of reading and parsing it back.
+        if torn:
+            self._malformed += 1  # the torn tail, now closed by TORN_TERMINATOR
+            self._tail_torn = False
+        self._fold(receipt)
+        self._offset = self._seen_size = end
+        return receipt
 
     def _stream(self, end: int) -> Iterator[Receipt]:
         if end == 0:

@@ -175,6 +175,57 @@ def test_worktree_is_reused_and_a_dirty_tree_reset(ws: Workspaces, src: Path) ->
     assert prepared.start_tree == git(src, "rev-parse", "HEAD^{tree}")
 
 
+def test_a_planted_nested_dotgit_does_not_carry_files_to_the_next_job(
+    ws: Workspaces, src: Path
+) -> None:
+    """A `.git` file planted in a tracked directory (what run_tests could do) would make
+    git skip that directory; the recycle removes it and the next tree is pristine."""
+    base = base_of(src)
+    pristine = files(src)
+    ws.prepare(slot(ws, "s1"), str(src), base, "job-1")
+    work = slot(ws, "s1") / "work"
+    tracked_dir = next(
+        p.parent
+        for p in sorted(work.rglob("*"))
+        if p.is_file() and p.parent != work and ".git" not in p.relative_to(work).parts
+    )
+    (tracked_dir / ".git").write_text("gitdir: /nowhere\n")
+    (tracked_dir / "left-for-the-next-job.txt").write_text("leak\n")
+    deep = work / "newdir" / "inner"
+    deep.mkdir(parents=True)
+    (deep / ".git").mkdir()
+    (deep / "also-left.txt").write_text("leak\n")
+
+    prepared = ws.prepare(slot(ws, "s1"), str(src), base, "job-2")
+
+    assert files(work) == pristine
+    assert prepared.start_tree == git(src, "rev-parse", "HEAD^{tree}")
+
+
+def test_recycling_between_two_bases_is_exact_and_in_place(ws: Workspaces, src: Path) -> None:
+    """Job after job across two bases: the same work dir, at its base, nothing left over."""
+    first = base_of(src)
+    commit_file(src, "added.txt", "only in the second base\n")
+    git(src, "rm", "-q", "data.bin")
+    git(src, "commit", "-q", "-m", "drop data.bin")
+    second = git(src, "rev-parse", "HEAD")
+    expected = {}
+    for base in (first, second):
+        git(src, "checkout", "-q", "--detach", base)
+        expected[base] = files(src)
+    work = slot(ws, "s1") / "work"
+    ws.prepare(slot(ws, "s1"), str(src), first, "job-0")
+    inode = work.stat().st_ino
+    for i, base in enumerate([second, first, second, second, first], start=1):
+        apply_change(work)
+        prepared = ws.prepare(slot(ws, "s1"), str(src), base, f"job-{i}")
+        assert files(work) == expected[base]
+        assert git(work, "rev-parse", "HEAD") == base
+        assert git(work, "status", "--porcelain", "--ignored", "--untracked-files=all") == ""
+        assert prepared.start_tree == git(src, "rev-parse", f"{base}^{{tree}}")
+        assert work.stat().st_ino == inode  # recycled in place, never rebuilt
+
+
 def test_work_holds_only_the_checkout(ws: Workspaces, src: Path) -> None:
     """work/ contains the checkout and the worktree's .git file, nothing of slotrunner's."""
     ws.prepare(slot(ws, "s1"), str(src), "main", "job-1")

@@ -328,3 +328,80 @@ def test_two_processes_racing_begin_get_one_fresh_intent_per_key(slot: Path) -> 
     assert len(rows) == _RACE_KEYS
     assert {r["key"] for r in rows} == set(by_key)
     assert all(Receipt.model_validate(r).status is Status.INTENT for r in rows)
+
+
+# -- kept-open descriptors --------------------------------------------------------------
+
+
+def _child_begins_after_fork(store: ReceiptStore) -> int:
+    """In a forked child: the inherited descriptors are dropped, then a record is written."""
+    try:
+        if store._handles.lock_fd is not None or store._handles.append_fd is not None:
+            return 3
+        _begin(store, "k-child", job_id="job-child")
+        return 0
+    except BaseException:
+        return 4
+
+
+def test_a_moved_aside_receipts_file_is_refused_not_appended_to(slot: Path) -> None:
+    """Receipts moved aside under a live store: the next write fails closed, nothing lands."""
+    store = ReceiptStore(slot)
+    _begin(store, "k1")
+    moved = slot / "receipts.old"
+    (slot / RECEIPTS_FILE).rename(moved)
+    before = moved.read_bytes()
+    with pytest.raises(ReceiptDurabilityError, match="vanished"):
+        _begin(store, "k2")
+    (slot / RECEIPTS_FILE).write_bytes(before)  # a copy put back: another file now
+    with pytest.raises(ReceiptDurabilityError, match="replaced"):
+        _begin(store, "k2")
+    assert moved.read_bytes() == before
+
+
+def test_finish_keeps_its_own_copy_of_the_result(slot: Path) -> None:
+    """Changing the caller's result dict after finish changes neither the index nor replays."""
+    store = ReceiptStore(slot)
+    result: dict[str, Any] = {"bytes": 3, "paths": ["a"]}
+    done = store.finish(_begin(store, "k1").receipt, Status.APPLIED, result=result)
+    result["bytes"] = 99
+    assert store.lookup("k1") == done
+    assert done.result == {"bytes": 3, "paths": ["a"]}
+    assert ReceiptStore(slot).lookup("k1") == done
+
+
+def test_own_records_and_foreign_records_interleave_in_the_index(slot: Path) -> None:
+    """Records this store wrote itself and records another store wrote are all in its index."""
+    a, b = ReceiptStore(slot), ReceiptStore(slot)
+    ka = _begin(a, "ka").receipt
+    kb = _begin(b, "kb").receipt
+    done_a = a.finish(ka, Status.APPLIED)
+    done_b = b.finish(kb, Status.FAILED, detail="x")
+    for store in (a, b, ReceiptStore(slot)):
+        assert store.lookup("ka") == done_a and store.lookup("kb") == done_b
+        assert store.open_intents() == [] and store.torn_lines == 0
+    assert [r.key for r in ReceiptStore(slot).records()] == ["ka", "kb", "ka", "kb"]
+
+
+@pytest.mark.parametrize("relpath", ["src/caf\u00e9_\u2215.py", "src/bad\udc80name.py"])
+def test_non_ascii_fields_are_written_as_ascii_escapes(slot: Path, relpath: str) -> None:
+    """Non-ASCII text, even a lone surrogate, is stored escaped on one line and reads back."""
+    store = ReceiptStore(slot)
+    began = _begin(store, "k1", relpath=relpath)
+    raw = (slot / RECEIPTS_FILE).read_bytes()
+    assert raw.isascii() and raw.count(b"\n") == 1 and b"\\u" in raw
+    assert ReceiptStore(slot).lookup("k1") == began.receipt
+    assert store.torn_lines == 0
+
+
+def test_a_forked_child_opens_its_own_descriptors(slot: Path) -> None:
+    """A store used across fork: the child drops what it inherited and its record lands."""
+    store = ReceiptStore(slot)
+    _begin(store, "k-parent")  # the parent's descriptors are open now
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's result is its exit status
+        os._exit(_child_begins_after_fork(store))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.lookup("k-child") is not None
+    assert [r.key for r in store.records()] == ["k-parent", "k-child"]

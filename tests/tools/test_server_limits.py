@@ -60,6 +60,29 @@ def test_token_required_on_every_request(settings: Settings, tmp_path: Path) -> 
         server.stop()
 
 
+def test_token_is_checked_before_any_route_and_bearer_is_accepted(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A tool call without the token is refused 401 as JSON; a Bearer token passes the guard."""
+    server = ToolServer(
+        settings.with_(token="s3cret"), tmp_path / "logs", SLOTRUNNER_TOKEN="s3cret"
+    )
+    try:
+        refused = httpx.post(f"{server.url}/v1/tools/read_file", content=b"not even json")
+        assert refused.status_code == 401
+        assert refused.headers["content-type"] == "application/json"
+        assert refused.json()["error"] == "unauthorized"
+        bearer = {"authorization": "Bearer s3cret"}
+        assert httpx.get(f"{server.url}/v1/slots", headers=bearer).status_code == 200
+        # Past the guard, a bad body is the route's 422, not the guard's 401.
+        past = httpx.post(
+            f"{server.url}/v1/tools/read_file", content=b"not even json", headers=bearer
+        )
+        assert past.status_code == 422 and past.json()["error"] == "malformed"
+    finally:
+        server.stop()
+
+
 def test_oversized_body_is_413(toolserver: ToolServer) -> None:
     """A body past the limit is refused 413 too_large before it is parsed."""
     big = b"x" * (registry.MAX_FILE_BYTES + 128 * 1024)
