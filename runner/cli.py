@@ -211,6 +211,7 @@ def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
 
 
 def _mount() -> None:
+    from ops.chaos_cli import chaos
     from ops.cli import ops
     from ops.fake_endpoint_cli import fake_endpoint
     from ops.harness_cli import harness
@@ -224,6 +225,7 @@ def _mount() -> None:
     main.add_command(tools)
     main.add_command(ops)
     main.add_command(demo)
+    main.add_command(chaos)
     main.add_command(fake_endpoint)
     main.add_command(harness)
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Reject
 
 import hooks.celery_hooks  # noqa: F401  (connects the worker signal hooks: the janitor)
+from runner import keys
 from runner.celery_app import TASK_NAME
 from runner.job import context_for, run_job
 from runner.job_config import JobConfig
@@ -27,7 +29,14 @@ def run_agent_job(self: Task, spec: dict[str, Any]) -> dict[str, Any]:
     app = self.app
     settings = app.slotrunner_settings
     config = getattr(app, "slotrunner_job_config", None) or JobConfig()
-    result = run_job(
-        JobSpec.model_validate(spec), context_for(settings, config), worker=self.request.hostname
-    )
+    ctx = context_for(settings, config)
+    result = run_job(JobSpec.model_validate(spec), ctx, worker=self.request.hostname)
+    if not ctx.redis.exists(keys.job_result(result.job_id)):
+        # This delivery ends with the job unfinished (a newer attempt superseded it).
+        # Its ack would also delete the broker's record of the copy running that newer
+        # attempt: kombu keys unacked deliveries by tag, and a copy restored after the
+        # visibility timeout keeps its tag. Should that copy's worker then die, nothing
+        # would be left to redeliver (chaos seed 15). Requeue instead: the copy watches
+        # the live attempt, and takes over if it dies.
+        raise Reject("superseded: the job is still running elsewhere", requeue=True)
     return {"job_id": result.job_id, "state": result.state, "attempt": result.attempt}

@@ -18,6 +18,7 @@ most once. Exception tree::
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +40,9 @@ MAX_ATTEMPTS = 6
 MAX_RESENDS = 3
 # Tells the server which classifier decision a resend came from (its retry metrics).
 RETRY_HEADER = "x-slotrunner-retry"
+# The calling process, on every request: the chaos campaign's fault proxy kills or
+# pauses exactly the worker child that made a call (``ops.fault_proxy``).
+PID_HEADER = "x-slotrunner-pid"
 
 
 class ToolCallError(Exception):
@@ -106,6 +110,7 @@ class ToolClient:
             headers=headers,
             timeout=timeout_s,
             transport=transport or httpx.HTTPTransport(retries=0),
+            event_hooks={"request": [_stamp_pid]},
         )
         self.clock = clock
         self.decisions: Counter[str] = Counter()
@@ -322,6 +327,11 @@ class ToolClient:
             f"{envelope.tool} ({envelope.idempotency_key}): {failure}; "
             "the receipt store could not settle it before the deadline"
         )
+
+
+def _stamp_pid(request: httpx.Request) -> None:
+    # At send time, not at construction: a client built before a fork names the child.
+    request.headers[PID_HEADER] = str(os.getpid())
 
 
 class _Unsettled(Exception):

@@ -1,0 +1,88 @@
+"""Seeded fault campaigns on the real stack: every check passes, and a broken fence fails.
+
+Each campaign runs real Celery workers, a real tool server behind the fault proxy and
+its own embedded Redis (``ops.chaos``). Seeds 1 and 2 together plan every fault kind
+(``test_chaos_plan``); whatever the interleaving, the checks must all hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooks.check_apply_envelope import DISABLE_ENV
+from ops.chaos import ChaosConfig, run_campaign
+from ops.chaos_report import REPORT_JSON, REPORT_TXT
+
+OWNERSHIP = ("stale_generation_apply", "cross_job_apply")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_campaign_holds_every_invariant(seed: int, tmp_path: Path) -> None:
+    """Under every fault kind, all checks pass and no key is applied twice."""
+    report = run_campaign(ChaosConfig(seed=seed, jobs=8, report_dir=tmp_path / "chaos"))
+    assert report.ok, [c.to_json() for c in report.checks if not c.ok]
+    assert report.duplicate_applies == 0 and report.duplicates_per_100_faults == 0
+    assert len(report.injected) >= 8, report.fired
+    assert sum(report.states.values()) == 8
+    saved = json.loads((tmp_path / "chaos" / REPORT_JSON).read_text())
+    assert saved["seed"] == seed and saved["ok"] is True
+    assert "duplicates_per_100_faults" in saved and (tmp_path / "chaos" / REPORT_TXT).is_file()
+
+
+@pytest.mark.timeout(300)
+def test_campaign_fails_when_the_fence_is_off(tmp_path: Path) -> None:
+    """With the envelope hook switched off, replayed old envelopes land: the detector and
+    the verifier both report the stale apply, and the campaign fails."""
+    report = run_campaign(
+        ChaosConfig(
+            seed=3,
+            jobs=6,
+            report_dir=tmp_path / "chaos",
+            kinds=("replay_stale",),
+            toolserver_env={DISABLE_ENV: "1"},
+        )
+    )
+    assert not report.ok
+    for name in ("ops_verify", "ops_detect"):
+        check = report.check(name)
+        assert not check.ok and check.data["exit_code"] == 1, check
+        assert sum(check.data["counts"][kind] for kind in OWNERSHIP) >= 1, check.data
+    assert not report.check("replays_refused").ok
+
+
+def chaos_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLOTRUNNER_HOME": str(tmp_path / "home")}
+    return subprocess.run(
+        [sys.executable, "-m", "runner.cli", "chaos", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_cli_prints_the_report_and_exits_by_its_verdict(tmp_path: Path) -> None:
+    """`slotrunner chaos --json` prints the report and exits 0 when every check passed."""
+    done = chaos_cli(tmp_path, "--seed", "9", "--jobs", "2", "--faults", "http_429", "--json")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["faults_by_kind"] == {"http_429": 1}
+    assert (tmp_path / "home" / "chaos" / "9" / REPORT_JSON).is_file()
+
+
+def test_cli_names_an_unknown_fault_kind(tmp_path: Path) -> None:
+    """A fault kind that does not exist is a usage error naming it, and nothing runs."""
+    done = chaos_cli(tmp_path, "--seed", "1", "--faults", "kill_before_send,nope")
+    assert done.returncode == 2
+    assert "nope" in done.stderr and "kill_before_send" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "home" / "chaos").exists()

@@ -1,0 +1,95 @@
+"""The campaign's plan is a pure function of the seed, and every plan is runnable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops import chaos_plan as cp
+from ops.chaos import _make_repo
+from ops.chaos_expect import expected_tree
+from runner.settings import Settings
+from tools import registry
+
+
+def test_same_seed_same_plan() -> None:
+    """One seed always gives the same jobs and the same faults in the same places."""
+    assert cp.make_plan(7, 12) == cp.make_plan(7, 12)
+    assert cp.make_plan(7, 12) != cp.make_plan(8, 12)
+
+
+def test_the_suite_seeds_cover_every_kind() -> None:
+    """Seeds 1 and 2 with 8 jobs each plan every fault kind (the suite's campaigns)."""
+    planned = {f.kind for seed in (1, 2) for f in cp.make_plan(seed, 8).faults}
+    assert planned == set(cp.KINDS)
+
+
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_faults_sit_where_they_can_act(seed: int) -> None:
+    """Each fault is on a step its kind can hit; exclusive faults have their job alone."""
+    plan = cp.make_plan(seed, 30)
+    assert len({(f.job, f.step) for f in plan.faults}) == len(plan.faults)
+    per_job: dict[int, list[str]] = {}
+    for fault in plan.faults:
+        per_job.setdefault(fault.job, []).append(fault.kind)
+        job = plan.jobs[fault.job]
+        assert fault.tool == job.tool(fault.step)
+        if fault.kind in (cp.SERVER_CRASH, cp.LOSE_RESPONSE, cp.FSYNC_EIO):
+            assert fault.tool in cp.EFFECT_TOOLS
+        if fault.kind == cp.SLOW_REDELIVERY:
+            assert fault.tool == "run_tests" and job.test_sleep_s > 0
+        if fault.kind == cp.REPLAY_STALE:
+            assert fault.tool in ("write_file", "apply_patch")
+        if fault.step < 0:
+            assert fault.kind == cp.CANCEL_STORM
+    for kinds in per_job.values():
+        assert len(kinds) <= 2
+        if {cp.FSYNC_EIO, cp.CANCEL_STORM} & set(kinds):
+            assert len(kinds) == 1
+
+
+def test_jobs_have_six_to_ten_calls_and_each_read_once() -> None:
+    """Every job makes 6-10 calls, and a read-only tool appears at most once in it."""
+    for seed in range(1, 21):
+        for job in cp.make_plan(seed, 30).jobs:
+            tools = [s["tool"] for s in job.steps]
+            assert 6 <= len(tools) <= 10
+            assert {"write_file", "apply_patch", "run_tests"} <= set(tools)
+            for read in cp.READ_TOOLS:
+                assert tools.count(read) <= 1
+            for step in job.steps:
+                spec = registry.get(str(step["tool"]))
+                assert spec is not None
+                spec.args_model.model_validate(step["args"])
+
+
+def test_unknown_kind_is_named() -> None:
+    """A fault kind that does not exist is refused with its name and the known ones."""
+    with pytest.raises(ValueError, match=r"unknown fault kind.*nope.*kill_before_send"):
+        cp.make_plan(1, 4, ("nope",))
+
+
+def test_every_job_applies_cleanly_without_faults(tmp_path: Path) -> None:
+    """The expected tree of each job exists: its steps apply to the base with no fault."""
+    repo = tmp_path / "repo"
+    base = _make_repo(repo)
+    settings = Settings.from_env({"SLOTRUNNER_HOME": str(tmp_path / "home")})
+    trees = set()
+    for job in cp.make_plan(4, 10).jobs:
+        trees.add(expected_tree(repo, base, job.steps, settings))
+    assert len(trees) == 10  # each job's notes differ, so each tree does
+
+
+def test_check_command_judges_the_values_file(tmp_path: Path) -> None:
+    """The jobs' test command passes on integers and fails on anything else."""
+    import subprocess
+
+    job = cp.make_plan(1, 1).jobs[0]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "values.txt").write_text("1\n22\n-3\n")
+    ok = subprocess.run(job.test_command(sys.executable), cwd=tmp_path, check=False)
+    (tmp_path / "data" / "values.txt").write_text("1\nx\n")
+    bad = subprocess.run(job.test_command(sys.executable), cwd=tmp_path, check=False)
+    assert (ok.returncode, bad.returncode) == (0, 1)
