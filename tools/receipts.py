@@ -253,6 +253,11 @@ class ReceiptStore:
             self._handles.close()
 
     @property
+    def broken(self) -> str | None:
+        """Why this store refuses to write (a failed write or fsync), or None."""
+        return self._broken
+
+    @property
     def torn_lines(self) -> int:
         """Lines ignored as absent: garbage lines plus an unterminated torn tail."""
         with self._locked():

@@ -9,6 +9,7 @@ answered from its receipt and never applied again (I2).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -33,6 +34,10 @@ from tools.resolve import observe
 # Test-only fault injection: "after_effect:<tool>" SIGKILLs this process after the
 # effect and before its outcome is recorded (the "executed, then crashed" fault).
 CRASH_ENV = "SLOTRUNNER_TEST_CRASH_AT"
+# The same fault, armed at runtime (the chaos campaign): when this file exists under
+# $SLOTRUNNER_HOME, the next mutating call whose idempotency key contains its text
+# (any call when it is empty) consumes it and SIGKILLs the server after the effect.
+CRASH_MARKER = "chaos/crash-after-effect"
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,12 @@ class ToolService:
         if stamp is None:
             return refused(409, Reason.SLOT_JOB_MISMATCH, "the slot has never been leased", **log)
         store = self.store(envelope.slot_id)
+        if spec.mutating and store.broken is not None:
+            # A receipt fsync failed on this slot: nothing more may be applied here, even
+            # a resend of a key whose intent is on disk but was never made durable.
+            with contextlib.suppress(OSError):
+                mark(slot_dir, SlotState.POISONED, f"receipt store failed: {store.broken}")
+            return refused(409, Reason.SLOT_POISONED, f"slot poisoned: {store.broken}", **log)
         if not self.fence_disabled:
             reason = check_apply_envelope(
                 slot_dir, stamp, envelope.model_dump(), self.clock(), receipts=store
@@ -243,7 +254,7 @@ class ToolService:
         except FileNotFoundError as exc:
             status, detail = Status.FAILED, f"not found: {exc}"
         log["service_ms"] = round((time.monotonic() - started) * 1000.0, 2)
-        _maybe_crash(spec.name)
+        _maybe_crash(self.settings, spec.name, envelope.idempotency_key)
         try:
             done = self._timed(
                 store.finish,
@@ -284,12 +295,19 @@ class ToolService:
     def _poison(self, ctx: builtin.Context, exc: ToolError, log: dict[str, Any]) -> Reply:
         # The fsync failed: the kernel may have dropped the dirty pages, so a second
         # fsync could lie. The slot takes no new lease until an operator clears it.
-        mark(ctx.slot_dir, SlotState.POISONED, f"receipt fsync failed: {exc.message}")
+        poisoned = "slot poisoned"
+        try:
+            mark(ctx.slot_dir, SlotState.POISONED, f"receipt fsync failed: {exc.message}")
+        except OSError as stamp_exc:
+            # The same disk refused the stamp too. The store never writes again, so the
+            # next call on this slot poisons it again (or fails the same way): the
+            # caller still gets a classified outcome_unknown, never a bare 500.
+            poisoned = f"the poisoned stamp could not be written either: {stamp_exc}"
         return Reply(
             500,
             {
                 "error": Reason.OUTCOME_UNKNOWN.value,
-                "message": f"the receipt could not be made durable; slot poisoned ({exc.message})",
+                "message": f"the receipt could not be made durable; {poisoned} ({exc.message})",
             },
             events.OUTCOME_FAILED,
             Reason.OUTCOME_UNKNOWN.value,
@@ -306,7 +324,22 @@ class ToolService:
         with slot_lock(slot_dir):
             receipt = store.lookup(key)
             if receipt is not None and receipt.status == Status.INTENT:
-                receipt = self._resolve(builtin.Context(slot_dir, self.settings), store, receipt)
+                try:
+                    receipt = self._resolve(
+                        builtin.Context(slot_dir, self.settings), store, receipt
+                    )
+                except ReceiptDurabilityError as exc:
+                    # The tree may show it, but the outcome cannot be recorded: unknown.
+                    return Reply(
+                        503,
+                        {
+                            "error": Reason.OUTCOME_UNKNOWN.value,
+                            "status": "unknown",
+                            "key": key,
+                            "message": exc.message,
+                        },
+                        events.OUTCOME_READ,
+                    )
         if receipt is None or receipt.status == Status.INTENT:
             state = "absent" if receipt is None else "not_applied"
             return Reply(
@@ -322,13 +355,20 @@ class ToolService:
                 # The apply happened but its line was never written (the process died
                 # before its reply): write it now so the detector's history is whole.
                 self.emit(
-                    job_id=done.job_id, attempt=done.attempt, slot_id=done.slot_id,
-                    slot_generation=done.generation, tool=done.tool,
-                    idempotency_key=done.key, outcome=events.OUTCOME_APPLIED,
-                    reason="resolved_from_tree", receipt_job=done.job_id,
-                    receipt_generation=done.generation, http_status=0,
-                    queue_wait_ms=0.0, service_ms=0.0,
-                )  # fmt: skip
+                    job_id=done.job_id,
+                    attempt=done.attempt,
+                    slot_id=done.slot_id,
+                    slot_generation=done.generation,
+                    tool=done.tool,
+                    idempotency_key=done.key,
+                    outcome=events.OUTCOME_APPLIED,
+                    reason="resolved_from_tree",
+                    receipt_job=done.job_id,
+                    receipt_generation=done.generation,
+                    http_status=0,
+                    queue_wait_ms=0.0,
+                    service_ms=0.0,
+                )
             return cast(Receipt, done)
         # Not applied: the intent stays open, so a retry with the same key applies it
         # (once); answering "failed" here would burn a key whose effect never ran.
@@ -411,7 +451,20 @@ def _run(tool: str, ctx: builtin.Context, args: Any, envelope: Envelope) -> dict
     return fn(ctx, args)
 
 
-def _maybe_crash(tool: str) -> None:
+def _maybe_crash(settings: Settings, tool: str, key: str | None) -> None:
     point = os.environ.get(CRASH_ENV)
     if point and point in (f"after_effect:{tool}", "after_effect:*"):
         os.kill(os.getpid(), signal.SIGKILL)
+    marker = settings.home / CRASH_MARKER
+    try:
+        wanted = marker.read_text().strip()
+    except OSError:
+        return  # not armed: the usual case, one failed open per mutating call
+    if wanted and wanted not in (key or ""):
+        return
+    try:
+        # Consumed before the kill, so the restarted server does not crash again.
+        marker.unlink()
+    except FileNotFoundError:
+        return  # another call consumed it first
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -240,3 +240,37 @@ def test_read_timeout_on_read_file_is_retried_once(toolserver: ToolServer, tmp_p
         proxy.stop()
     assert client.decisions["retry_once"] == 1
     assert response.result["content"] == "held_by = None\n"
+
+
+def test_fsync_failure_poisons_the_slot_and_nothing_more_is_applied(
+    toolserver: ToolServer, tmp_path: Path
+) -> None:
+    """A receipt fsync fails (EIO): the call is outcome unknown, a resend of the same key
+    is refused slot_poisoned and never runs its effect, and lookups say unknown, not 500."""
+    import httpx
+
+    from runner.durable import FAIL_FSYNC_MARKER
+
+    stamp, slot_dir = leased(toolserver, tmp_path)
+    (slot_dir / FAIL_FSYNC_MARKER).touch()
+    body = {
+        "envelope": envelope(stamp, "write_file", "job-A:eio").model_dump(),
+        "args": {"path": "eio.txt", "content": "x"},
+    }
+    url = f"{toolserver.url}/v1/tools/write_file"
+    first = httpx.post(url, json=body, timeout=30)
+    assert first.status_code == 500 and first.json()["error"] == "outcome_unknown"
+    again = httpx.post(url, json=body, timeout=30)
+    assert again.status_code == 409 and again.json()["error"] == "slot_poisoned"
+    assert not (slot_dir / "work" / "eio.txt").exists()
+    lookup = httpx.get(f"{toolserver.url}/v1/receipts/job-A:eio", params={"slot": stamp.slot_id})
+    assert lookup.status_code in (404, 503)
+    read = httpx.post(
+        f"{toolserver.url}/v1/tools/read_file",
+        timeout=30,
+        json={
+            "envelope": envelope(stamp, "read_file", None).model_dump(),
+            "args": {"path": "README"},
+        },
+    )
+    assert read.status_code in (200, 409)  # reads are harmless; the stamp may be poisoned
