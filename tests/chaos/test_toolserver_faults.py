@@ -104,7 +104,8 @@ def test_failed_fsync_is_outcome_unknown_and_poisons_the_slot(
     toolserver: ToolServer, tmp_path: Path
 ) -> None:
     """EIO on the receipt fsync: a JSON outcome_unknown (never a bare 500) even when the
-    stamp cannot be written either; the next call poisons the slot, which then refuses."""
+    stamp cannot be written either; the next mutating call poisons the slot and is
+    refused before any effect, and so is every one after it."""
     stamp, slot_dir = leased(toolserver, tmp_path)
     url = f"{toolserver.url}/v1/tools/write_file"
     body = {
@@ -117,10 +118,11 @@ def test_failed_fsync_is_outcome_unknown_and_poisons_the_slot(
     assert first.status_code == 500 and first.json()["error"] == "outcome_unknown"
     assert "could not be written either" in first.json()["message"]
     second = httpx.post(url, json=body, timeout=30)
-    assert second.status_code == 500 and second.json()["error"] == "outcome_unknown"
+    assert second.status_code == 409 and second.json()["error"] == "slot_poisoned"
+    assert not (slot_dir / "work" / "c.txt").exists()
     poisoned = read_stamp(slot_dir)
     assert poisoned is not None and poisoned.state == SlotState.POISONED
-    assert poisoned.reason and "receipt fsync failed" in poisoned.reason
+    assert poisoned.reason and "receipt" in poisoned.reason
     third = httpx.post(url, json=body, timeout=30)
     assert third.status_code == 409 and third.json()["error"] == "slot_poisoned"
     # At most the intent whose fsync failed (none if the file's creation failed first);
