@@ -82,7 +82,7 @@ def run_job(spec: JobSpec, ctx: WorkerContext, *, worker: str | None = None) -> 
     job_id = spec.job_id
     assert job_id is not None
     who: dict[str, Any] = {"pid": os.getpid(), "worker": worker}
-    liveness = Liveness(ctx.redis, job_id, ctx.config)
+    liveness = Liveness(ctx.redis, job_id, ctx.config, home=ctx.settings.home)
     claimed = acquire(liveness, ctx.log, **who)
     if isinstance(claimed, Finished):
         found = load_result(ctx.redis, job_id)

@@ -3,11 +3,15 @@
     slotrunner:slot:{host}:{slot_id}:generation   int   mirror of a slot's generation
                                                           (I5; the local stamp is the
                                                           high-water mark, this the copy)
-    slotrunner:job:{job_id}:attempt               int   attempt fence: INCR per start, in
-                                                          the same Lua script that sets the
-                                                          heartbeat (runner/liveness.py);
-                                                          a larger value fences every older
-                                                          attempt
+    slotrunner:job:{job_id}:attempt               int   attempt fence: max(it, local floor)
+                                                          + 1 per start, in the same Lua
+                                                          script that sets the heartbeat
+                                                          (runner/liveness.py); a larger
+                                                          value fences every older attempt.
+                                                          The host's durable high-water mark
+                                                          is $SLOTRUNNER_HOME/attempts/<job_id>
+                                                          (I5; runner/attempt_floor.py), so a
+                                                          Redis wipe never reissues a number
     slotrunner:job:{job_id}:heartbeat             str   "{attempt}" of the running attempt,
                                                           PX = heartbeat TTL (a few seconds),
                                                           renewed ~1/s by its heartbeat

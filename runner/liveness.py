@@ -9,9 +9,18 @@ one Lua script over the keys of ``runner.keys``:
 * ``job:{id}:heartbeat`` exists         -> ``Live(attempt)``: another attempt runs; this
                                            delivery stays as a *watchdog* (:func:`acquire`)
                                            until that attempt ends or goes silent;
-* otherwise                             -> ``INCR job:{id}:attempt`` and set the heartbeat
-                                           to the new number with a TTL, atomically:
-                                           ``Claimed(attempt)``.
+* otherwise                             -> ``job:{id}:attempt`` := max(it, local floor) + 1
+                                           and set the heartbeat to the new number with
+                                           a TTL, atomically: ``Claimed(attempt)``.
+
+The *local floor* (``runner.attempt_floor``, given a ``home``) is this host's durable
+high-water mark of the job's attempts: a Redis that restarted without its data has
+lost the counter, and without the floor the next claim would issue attempt 1 again
+while an older attempt still runs (I5). The claim holds the floor's lock across
+read -> script -> durable write of the new number, and a claim whose number cannot be
+made durable ends its heartbeat and raises :class:`AttemptFloorError` before any work.
+The floor is per host, like slot stamps: across hosts, uniqueness rests on the Redis
+counter plus each host's own floor.
 
 The new attempt number fences every older attempt: it is in every envelope and slot
 stamp, the janitor reclaims slots stamped with an older one, the job result commits
@@ -33,23 +42,28 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import redis
 
 from runner import job_events, keys
+from runner.attempt_floor import AttemptFloor, AttemptFloorError
 from runner.job_config import JobConfig
 from runner.logs import EventLog
 
-# KEYS: attempt, heartbeat, result, jobs zset   ARGV: ttl_ms, job_id, now_epoch_s
+# KEYS: attempt, heartbeat, result, jobs zset   ARGV: ttl_ms, job_id, now_epoch_s, floor
+# ``floor`` is the host's durable high-water attempt (0 without one): after a Redis
+# wipe the counter restarts above it, never at 1.
 # The submit time is recorded (NX) here for jobs enqueued by plain Celery, whose
 # deadline then counts from their first delivery.
 _CLAIM = """
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'finished', 0, ''} end
 local live = redis.call('GET', KEYS[2])
 if live then return {'live', tonumber(live), ''} end
-local attempt = redis.call('INCR', KEYS[1])
+local attempt = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), tonumber(ARGV[4])) + 1
+redis.call('SET', KEYS[1], attempt)
 redis.call('SET', KEYS[2], attempt, 'PX', ARGV[1])
 redis.call('ZADD', KEYS[4], 'NX', ARGV[3], ARGV[2])
 return {'claimed', attempt, redis.call('ZSCORE', KEYS[4], ARGV[2])}
@@ -94,7 +108,11 @@ class Finished:
 
 
 class Liveness:
-    """The Redis side of one job's liveness."""
+    """The Redis side of one job's liveness.
+
+    ``home`` (``$SLOTRUNNER_HOME``) turns on the local attempt floor; without it the
+    attempt numbers rest on Redis alone and a Redis wipe can reissue them.
+    """
 
     def __init__(
         self,
@@ -102,11 +120,14 @@ class Liveness:
         job_id: str,
         config: JobConfig,
         clock: Callable[[], float] = time.time,
+        *,
+        home: Path | None = None,
     ) -> None:
         self.redis = client
         self.job_id = job_id
         self.config = config
         self.clock = clock
+        self.floor = AttemptFloor(home, job_id) if home is not None else None
         self._claim = client.register_script(_CLAIM)
         self._beat = client.register_script(_BEAT)
         self._end = client.register_script(_END)
@@ -116,6 +137,31 @@ class Liveness:
         return max(1, round(self.config.heartbeat_ttl_s * 1000))
 
     def claim(self) -> Claimed | Live | Finished:
+        """Claim a new attempt (see the module docstring); raises AttemptFloorError."""
+        if self.floor is None:
+            return self._run_claim(0)
+        with self.floor.locked():
+            state = self._run_claim(self.floor.read())
+            if isinstance(state, Claimed):
+                self._record(self.floor, state.attempt)
+            return state
+
+    def _record(self, floor: AttemptFloor, attempt: int) -> None:
+        """Make ``attempt`` durable in the floor, or give the claim up before any work."""
+        try:
+            floor.raise_to(attempt)
+        except (OSError, AttemptFloorError) as exc:
+            # The number is burnt, not reused: the Redis counter already holds it, so the
+            # next claim issues a higher one. Ending the heartbeat lets that claim come
+            # at once instead of after the TTL; failing to end it only delays it.
+            with contextlib.suppress(redis.RedisError):
+                self.end(attempt)
+            raise AttemptFloorError(
+                f"job {self.job_id}: attempt {attempt} was not started because its number "
+                f"could not be made durable in {floor.path}: {exc}"
+            ) from exc
+
+    def _run_claim(self, floor: int) -> Claimed | Live | Finished:
         kind, attempt, submitted = self._claim(
             keys=[
                 keys.job_attempt(self.job_id),
@@ -123,7 +169,7 @@ class Liveness:
                 keys.job_result(self.job_id),
                 keys.JOBS,
             ],
-            args=[self.ttl_ms, self.job_id, repr(self.clock())],
+            args=[self.ttl_ms, self.job_id, repr(self.clock()), floor],
         )
         if kind == "finished":
             return Finished()
