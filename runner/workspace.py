@@ -274,6 +274,7 @@ class Workspaces:
         return tree
 
     def _reset(self, tree: _WorkTree, commit: str) -> None:
+        _remove_nested_git(tree.work)
         self._git(*tree.args(), "checkout", "-q", "--force", "--detach", commit, env=tree.env())
         self._git(*tree.args(), "reset", "--quiet", "--hard", commit, env=tree.env())
         self._git(*tree.args(), "clean", "-ffdxq", env=tree.env())
