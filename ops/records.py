@@ -125,7 +125,9 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 # gc=False: these hold only strings, ints and Raw, never a cycle; untracked structs
 # are cheaper to make and never scanned by the collector.
-class LeasedLine(msgspec.Struct, tag_field="event", tag=SLOT_LEASED, gc=False):
+class _LeaseLine(msgspec.Struct, gc=False):
+    """The fields shared by ``slot_leased`` and ``slot_released`` lines."""
+
     ts: str
     host: str
     slot_id: str
@@ -134,18 +136,13 @@ class LeasedLine(msgspec.Struct, tag_field="event", tag=SLOT_LEASED, gc=False):
     attempt: int
     path: str = _PATH
     line: int = _LINE
+
+
+class LeasedLine(_LeaseLine, tag_field="event", tag=SLOT_LEASED, gc=False):
     released: ClassVar[bool] = False
 
 
-class ReleasedLine(msgspec.Struct, tag_field="event", tag=SLOT_RELEASED, gc=False):
-    ts: str
-    host: str
-    slot_id: str
-    generation: int
-    job_id: str
-    attempt: int
-    path: str = _PATH
-    line: int = _LINE
+class ReleasedLine(_LeaseLine, tag_field="event", tag=SLOT_RELEASED, gc=False):
     released: ClassVar[bool] = True
 
 
