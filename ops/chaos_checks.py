@@ -24,6 +24,7 @@ from runner.settings import Settings
 from runner.stamp import SlotState, StampError, read_stamp
 
 STALE_REASONS = frozenset({"stale_generation", "slot_job_mismatch", "lease_expired"})
+POISONED_REASON = "slot_poisoned"
 
 
 @dataclass(frozen=True)
@@ -170,15 +171,30 @@ def final_trees(results: Mapping[str, JobResult], expected: Mapping[str, str]) -
 
 
 def replays_refused(replays: Iterable[Any]) -> Check:
-    """Every replayed old-envelope apply was refused with 409 and a stale reason (I1)."""
+    """Every replayed old-envelope apply was refused with 409 (I1).
+
+    The fence's refusals (``STALE_REASONS``) are what the replay is meant to meet.
+    A replay aimed at a slot that an fsync failure poisoned meets ``slot_poisoned``
+    first: that slot is never recycled, so there is no newer lease to fence, and the
+    refusal still keeps the bytes out. It is counted apart so a run shows how many
+    replays the fence itself stopped.
+    """
     seen = list(replays)
+    fenced = [r for r in seen if r.status == 409 and r.error in STALE_REASONS]
+    poisoned = [r for r in seen if r.status == 409 and r.error == POISONED_REASON]
     landed = [
-        f"{r.key} -> {r.status} {r.error}"
-        for r in seen
-        if r.status != 409 or r.error not in STALE_REASONS
+        f"{r.key} -> {r.status} {r.error}" for r in seen if r not in fenced and r not in poisoned
     ]
-    detail = f"{len(seen)} replays; not refused as stale: {landed or 'none'}"
-    return Check("replays_refused", not landed, detail)
+    detail = (
+        f"{len(seen)} replays: {len(fenced)} fenced, {len(poisoned)} met a poisoned slot; "
+        f"not refused: {landed or 'none'}"
+    )
+    return Check(
+        "replays_refused",
+        not landed,
+        detail,
+        {"fenced": len(fenced), "poisoned": len(poisoned)},
+    )
 
 
 def supervisor(restarts: int, errors: list[str]) -> Check:
