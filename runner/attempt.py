@@ -15,12 +15,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from runner import backpressure, job_events, keys
-from runner.admission import AdmissionDesk
 from runner.agent import AgentRun, ScriptedSteps
 from runner.lease_keeper import LeaseKeeper
 from runner.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
 from runner.models import JobResult, JobSpec, ScriptedPlanner
-from runner.planners import ChatPlanner, PlannerError, PlannerStopped
+from runner.planners import ChatPlanner, PlannerError, PlannerStopped, admission_desk
 from runner.results import finish
 from runner.slots import NoSlotFree, ReleaseRefused
 from runner.stamp import Stamp
@@ -218,7 +217,13 @@ class Attempt:
         spec = self.spec.planner
         if isinstance(spec, ScriptedPlanner):
             return ScriptedSteps(spec)
-        desk = AdmissionDesk(self.ctx.redis, self.spec.eval_run, spec.admission_bound)
+        desk = admission_desk(
+            self.ctx.redis,
+            spec,
+            self.spec.eval_run,
+            home=self.ctx.settings.home,
+            recovery_hold_s=self.ctx.config.admission_recovery_hold_s,
+        )
         return ChatPlanner(
             spec,
             desk,

@@ -12,6 +12,9 @@ environment (the app factory is an edge) and hands the frozen object to every ta
     SLOTRUNNER_MIN_DEADLINE_S         5     a job with less of its deadline left is not
                                             started: ``rejected`` (reason ``deadline``)
     SLOTRUNNER_JANITOR_INTERVAL_S     5     period of the worker's janitor sweep
+    SLOTRUNNER_ADMISSION_RECOVERY_HOLD_S    how long an admission desk re-created after
+                                            a Redis loss grants nothing (unset: the
+                                            planner's HTTP timeout plus 30 s; 0: no hold)
 
 Broker timing (``SLOTRUNNER_VISIBILITY_TIMEOUT_S``) is read by the app factory itself,
 because it is kombu's, not ours.
@@ -34,6 +37,8 @@ class JobConfig:
     janitor_interval_s: float = 5.0
     # How often a watchdog copy looks at the live attempt, and a slot waiter retries.
     watchdog_poll_s: float = 0.5
+    # None: each planner's own (runner.planners.admission_desk).
+    admission_recovery_hold_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s * 2 > self.heartbeat_ttl_s:
@@ -57,6 +62,7 @@ class JobConfig:
             janitor_interval_s=seconds(
                 env, "SLOTRUNNER_JANITOR_INTERVAL_S", cls.janitor_interval_s
             ),
+            admission_recovery_hold_s=optional_seconds(env, "SLOTRUNNER_ADMISSION_RECOVERY_HOLD_S"),
         )
 
 
@@ -74,3 +80,11 @@ def seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool 
     if value < 0 or (value == 0 and not zero_ok):
         raise SettingsError(f"{name}={raw!r}: must be greater than 0")
     return value
+
+
+def optional_seconds(env: Mapping[str, str], name: str) -> float | None:
+    """A duration from the environment that may be 0; None when it is not set."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return seconds(env, name, 0.0, zero_ok=True)

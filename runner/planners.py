@@ -6,7 +6,10 @@ local timeout does not cancel the request on the server: it *expires* the lease,
 when the late body arrives it re-enters the desk, is rejected as stale, and never
 becomes a tool call (seed 000). A 429 gives the capacity back and re-acquires it:
 no retry sneaks around the counter. Empty or schema-invalid bodies are protocol
-errors, counted apart from transport failures.
+errors, counted apart from transport failures. :func:`admission_desk` builds the
+run's desk for a planner spec: its recovery hold after a Redis loss lasts as long as
+one of its requests can stay out (the HTTP timeout, not the local one: a timed-out
+request keeps its lease until its late body arrives).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from runner.admission import AdmissionDesk, AdmissionRefused, Lease, StaleCompletion
@@ -33,6 +38,8 @@ from tools import classifier, registry
 MAX_REQUESTS_PER_STEP = 8
 STOP_POLL_S = 0.2  # how often a wait for the model checks for a cancel
 RESULT_CHARS = 4000
+# Beyond the HTTP timeout, how long a finished request may take to give its lease back.
+RECOVERY_GRACE_S = 30.0
 
 
 class PlannerError(RuntimeError):
@@ -98,6 +105,33 @@ def step_number(job_id: str, attempt: int, index: int) -> int:
     """A desk step id unique to (job, attempt, step): the desk's steps are per eval-run."""
     digest = hashlib.blake2b(f"{job_id}:{attempt}:{index}".encode(), digest_size=7).digest()
     return int.from_bytes(digest, "big")
+
+
+def http_timeout_s(spec: OpenAIPlanner) -> float:
+    """How long one request may stay out: a timed-out one is left to answer late."""
+    return max(spec.request_timeout_s * 20, 60.0)
+
+
+def admission_desk(
+    redis_client: redis.Redis,
+    spec: OpenAIPlanner,
+    eval_run: str,
+    *,
+    home: Path | None = None,
+    recovery_hold_s: float | None = None,
+) -> AdmissionDesk:
+    """The eval-run's desk for this planner: witnessed under ``home`` when given, held
+    after a Redis loss for ``recovery_hold_s`` (default: the longest a request of
+    ``spec`` can stay out, plus a grace)."""
+    if recovery_hold_s is None:
+        recovery_hold_s = http_timeout_s(spec) + RECOVERY_GRACE_S
+    return AdmissionDesk(
+        redis_client,
+        eval_run,
+        spec.admission_bound,
+        home=home,
+        recovery_hold_s=recovery_hold_s,
+    )
 
 
 class ChatPlanner:
@@ -313,7 +347,5 @@ class ChatPlanner:
             self.desk.release(lease)
 
     def _post(self, body: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
-        response = self.http.post(
-            "/chat/completions", json=body, timeout=max(self.spec.request_timeout_s * 20, 60.0)
-        )
+        response = self.http.post("/chat/completions", json=body, timeout=http_timeout_s(self.spec))
         return response.status_code, response.headers, response.content

@@ -341,8 +341,10 @@ def test_a_forged_lease_is_stale_and_frees_nothing(make_desk: DeskFactory) -> No
 def test_redis_losing_the_desk_never_frees_capacity_twice(
     make_desk: DeskFactory, redis_client: redis.Redis
 ) -> None:
-    """After an empty restart old leases are foreign: stale, no decrement, adopted on expire."""
-    desk = make_desk(bound=1)
+    """After an empty restart old leases are foreign: stale, no decrement, adopted on expire.
+
+    With no recovery hold (0 s), so that what bounds the grants is the adopted lease."""
+    desk = make_desk(bound=1, recovery_hold_s=0.0)
     done = desk.acquire(1, 0)
     desk.release(done)
     out = desk.acquire(2, 0)  # its request is still in the backend when Redis loses data
@@ -355,15 +357,16 @@ def test_redis_losing_the_desk_never_frees_capacity_twice(
     assert desk.expire(out) is True  # the still-running request is counted again
     stats = desk.stats()
     assert (stats["in_flight"], stats["adopted"]) == (1, 1)
-    with pytest.raises(AdmissionRefused):
+    with pytest.raises(AdmissionRefused) as refused:
         desk.acquire(3, 0)  # the adopted request holds the bound
+    assert refused.value.reason is RefusalReason.BOUND
     with pytest.raises(StaleCompletion) as stale:
         desk.apply(out)
     assert stale.value.reason is LeaseState.EXPIRED
     assert desk.release(out) is True
     assert desk.release(out) is False
     stats = desk.stats()
-    assert (stats["in_flight"], stats["underflow_prevented"]) == (0, 0)
+    assert (stats["in_flight"], stats["underflow_prevented"], stats["recoveries"]) == (0, 0, 1)
 
 
 def test_a_lost_lease_completion_is_stale(
@@ -427,6 +430,8 @@ def test_a_second_bound_for_one_eval_run_is_an_error(make_desk: DeskFactory) -> 
         ({"eval_run": "x" * 201}, "eval_run"),
         ({"max_waiting": -1}, "max_waiting"),
         ({"poll_s": 0.0}, "poll_s"),
+        ({"recovery_hold_s": -1.0}, "recovery_hold_s"),
+        ({"recovery_hold_s": float("nan")}, "recovery_hold_s"),
     ],
 )
 def test_bad_desk_arguments_are_named(
