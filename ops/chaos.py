@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +55,10 @@ class ChaosConfig:
     slots: int = 4
     kinds: tuple[str, ...] = cp.KINDS
     timeout_s: float | None = None  # for all results; default 120 s + 20 s a job
-    # Test only: extra environment of the tool server (the fence's off switch).
+    # Test only: extra environment of the tool server (the fence's off switch) and of
+    # the workers (the attempt floor's).
     toolserver_env: Mapping[str, str] = field(default_factory=dict)
+    worker_env: Mapping[str, str] = field(default_factory=dict)
 
 
 def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
@@ -70,11 +74,15 @@ def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
             slots=config.slots,
             workers=config.workers,
             toolserver_env=config.toolserver_env,
+            worker_env=config.worker_env,
         )
     except Exception as exc:
         raise ChaosError(f"the embedded Redis did not start: {exc}") from exc
     injector = Injector(plan, stack, started)
     results: dict[str, JobResult] = {}
+    specs = {job.job_id: _spec(job, repo, base, config.seed) for job in plan.jobs}
+    collect = _Collector(stack, injector, plan, results, say)
+    injector.on_wipe = partial(_wipe, stack, specs, collect, say)
     try:
         try:
             stack.start()
@@ -83,10 +91,10 @@ def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
         say(f"stack up in {time.monotonic() - started:.1f}s; submitting {len(plan.jobs)} jobs")
         injector.arm()
         for job in plan.jobs:
-            submit(stack.app, stack.redis, _spec(job, repo, base, config.seed))
+            submit(stack.app, stack.redis, specs[job.job_id])
             injector.before_start(job.job_id)
         timeout_s = config.timeout_s or 120.0 + 20.0 * len(plan.jobs)
-        _await(stack, injector, plan, results, timeout_s, say)
+        _await(stack, collect, plan, results, timeout_s)
         injector.all_finished.set()
         injector.settle()
         _settle_slots(stack)
@@ -101,24 +109,75 @@ def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
     return report
 
 
+class _Collector:
+    """Move committed results from Redis into the campaign's own record, once each.
+
+    Called from the await loop and, just before a Redis wipe, from the proxy thread
+    running that fault: what the campaign holds survives the wipe, what Redis held
+    does not.
+    """
+
+    def __init__(
+        self,
+        stack: ChaosStack,
+        injector: Injector,
+        plan: cp.Plan,
+        results: dict[str, JobResult],
+        say: Say,
+    ) -> None:
+        self.stack, self.injector, self.plan = stack, injector, plan
+        self.results, self.say = results, say
+        self.lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.collect_locked()
+
+    def collect_locked(self) -> None:
+        for job in self.plan.jobs:
+            if job.job_id in self.results:
+                continue
+            found = load_result(self.stack.redis, job.job_id)
+            if found is not None:
+                self.results[job.job_id] = found
+                self.injector.job_finished(job.job_id)
+                self.say(f"{len(self.results)}/{len(self.plan.jobs)} {job.job_id} {found.state}")
+
+
+def _wipe(
+    stack: ChaosStack,
+    specs: Mapping[str, dict[str, Any]],
+    collect: _Collector,
+    say: Say,
+    restart: Callable[[], None],
+) -> None:
+    """Collect, ``restart`` Redis empty, then submit again every job without a result.
+
+    The queue, the specs and the results are gone; a job still running in a worker
+    is fenced by the empty attempt counter at its next step (its number is never
+    reissued: the host's attempt floor), so resubmitting it starts the next attempt.
+    The collector's lock is held throughout, so the await loop never reads the
+    server while it is down.
+    """
+    with collect.lock:
+        collect.collect_locked()
+        restart()
+        missing = [job_id for job_id in specs if job_id not in collect.results]
+        for job_id in missing:
+            submit(stack.app, stack.redis, specs[job_id])
+    say(f"Redis restarted empty: resubmitted {len(missing)} jobs without a result")
+
+
 def _await(
     stack: ChaosStack,
-    injector: Injector,
+    collect: _Collector,
     plan: cp.Plan,
     results: dict[str, JobResult],
     timeout_s: float,
-    say: Say,
 ) -> None:
     give_up = time.monotonic() + timeout_s
     while len(results) < len(plan.jobs) and time.monotonic() < give_up:
-        for job in plan.jobs:
-            if job.job_id in results:
-                continue
-            found = load_result(stack.redis, job.job_id)
-            if found is not None:
-                results[job.job_id] = found
-                injector.job_finished(job.job_id)
-                say(f"{len(results)}/{len(plan.jobs)} {job.job_id} {found.state}")
+        collect()
         if stack.restart_errors:
             return  # the tool server is gone for good: nothing more will finish
         time.sleep(0.2)
@@ -169,7 +228,11 @@ def _report(
         int(verify.data.get("counts", {}).get("duplicate_apply", 0)),
         int(detect.data.get("counts", {}).get("duplicate_apply", 0)),
     )
-    notes.append("admission desk: not used (scripted planners make no inference requests)")
+    notes.append(
+        "admission desk: not used (scripted planners make no inference requests); its "
+        "recovery after a Redis wipe is tested in tests/runner/test_admission_recovery.py"
+    )
+    notes += [f"worker restarted after it exited: {why}" for why in stack.worker_restarts]
     return ChaosReport(
         seed=config.seed,
         jobs=len(plan.jobs),
@@ -183,6 +246,7 @@ def _report(
             detect,
             checks.terminal_states([j.job_id for j in plan.jobs], results),
             checks.one_commit(events),
+            checks.attempts_never_repeat(events),
             checks.slots_settled(stack.settings),
             checks.poisoned_stay_out(stack.settings, events, injector.fsync_slots),
             checks.generations_grow(events, stack.settings),
@@ -195,6 +259,7 @@ def _report(
         duration_s=duration_s,
         report_dir=str(config.report_dir),
         toolserver_restarts=len(stack.restarts),
+        worker_restarts=list(stack.worker_restarts),
         notes=notes,
     )
 

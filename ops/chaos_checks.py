@@ -94,6 +94,22 @@ def one_commit(events: list[dict[str, Any]]) -> Check:
     return Check("one_result_per_job", not twice, f"jobs committed twice: {twice or 'none'}")
 
 
+def attempts_never_repeat(events: list[dict[str, Any]]) -> Check:
+    """No attempt number of a job started twice, a Redis wipe included (I5)."""
+    started: dict[str, Counter[int]] = defaultdict(Counter)
+    for e in events:
+        if e.get("event") == "job_started":
+            started[str(e.get("job_id"))][int(e.get("attempt", 0))] += 1
+    repeated = {
+        job: sorted(n for n, times in counts.items() if times > 1)
+        for job, counts in started.items()
+        if any(times > 1 for times in counts.values())
+    }
+    total = sum(sum(c.values()) for c in started.values())
+    detail = f"{total} attempts started over {len(started)} jobs; repeated: {repeated or 'none'}"
+    return Check("attempts_never_repeat", not repeated, detail, {"repeated": repeated})
+
+
 def slots_settled(settings: Settings) -> Check:
     """Every slot is idle, or poisoned with a reason; none still leased."""
     states: dict[str, str] = {}

@@ -12,7 +12,12 @@ step's call passes through it:
   from the paused attempt (polled, bounded), then SIGCONTs it and lets the call go
   on (to be refused as stale);
 * ``cancel_storm`` cancels the job several times while the call is in flight;
-* ``fsync_eio`` puts ``.fail-fsync`` in the slot for exactly that call.
+* ``fsync_eio`` puts ``.fail-fsync`` in the slot for exactly that call;
+* ``redis_wipe`` restarts the stack's Redis with no data while the call waits: writes
+  are paused first so the campaign can collect every result already committed (a
+  commit in flight blocks, then meets the empty server and is fenced), the server is
+  SIGKILLed, its AOF deleted, and it comes back on the same port; the campaign then
+  resubmits every job without a result, since the queue, specs and results are gone.
 
 ``replay_stale`` runs after its job finished: the step's recorded request is POSTed
 straight to the tool server with its old envelope and a fresh key, once the slot was
@@ -27,6 +32,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -42,6 +48,7 @@ from tools import registry
 from tools.service import CRASH_MARKER
 
 PAUSE_MAX_S = 45.0  # a paused worker is resumed after this even without a takeover
+WIPE_PAUSE_MS = 10_000  # writes are held this long at most while results are collected
 _RULE_FAULT: dict[str, Fault] = {
     cp.KILL_BEFORE_SEND: "kill_before_send",
     cp.KILL_BEFORE_REPLY: "kill_before_reply",
@@ -77,6 +84,10 @@ class Injector:
         self.replays: list[Replayed] = []
         self.fsync_slots: set[str] = set()  # slots whose receipt fsync was made to fail
         self.all_finished = threading.Event()
+        # Set by the campaign: runs the restart it is given between collecting the
+        # committed results and resubmitting the jobs that have none.
+        self.on_wipe: Callable[[Callable[[], None]], None] = lambda restart: restart()
+        self.wipes = 0
         self._by_rule: dict[int, cp.FaultPlan] = {}
         self._lock = threading.Lock()
         self._pausing = threading.Lock()
@@ -114,6 +125,7 @@ class Injector:
             cp.PAUSE: self._pause,
             cp.CANCEL_STORM: self._cancel_call,
             cp.FSYNC_EIO: self._fsync_on,
+            cp.REDIS_WIPE: self._wipe,
         }
         after = partial(self._fsync_off, f) if f.kind == cp.FSYNC_EIO else None
         return Rule("hook", before=partial(hooks[f.kind], f), after=after, **where)
@@ -220,6 +232,26 @@ class Injector:
     def _fsync_off(self, fault: cp.FaultPlan, call: Call, status: int) -> None:
         self._fsync_marker(call).unlink(missing_ok=True)
         self._note(fault, f"the server answered {status}")
+
+    def _wipe(self, fault: cp.FaultPlan, call: Call) -> None:
+        # A WRITE pause still serves reads: the results committed so far are read in
+        # full, and a commit racing the wipe waits, then runs on the empty server.
+        self.stack.redis.client_pause(WIPE_PAUSE_MS, all=False)
+        seen: dict[str, float] = {}
+
+        def restart() -> None:
+            seen["keys"] = self.stack.redis.dbsize()
+            down = time.monotonic()
+            self.stack.redis_server.restart(wipe=True)
+            seen["down_s"] = time.monotonic() - down
+
+        self.on_wipe(restart)
+        self.wipes += 1
+        self._note(
+            fault,
+            f"Redis restarted empty ({seen.get('keys', -1):.0f} keys lost, "
+            f"down {seen.get('down_s', 0.0):.2f}s); jobs without a result resubmitted",
+        )
 
     # -- faults run by the campaign -------------------------------------------------
 

@@ -34,6 +34,7 @@ PAUSE = "pause"
 REPLAY_STALE = "replay_stale"
 CANCEL_STORM = "cancel_storm"
 FSYNC_EIO = "fsync_eio"
+REDIS_WIPE = "redis_wipe"
 KINDS: tuple[str, ...] = (
     KILL_BEFORE_SEND,
     KILL_BEFORE_REPLY,
@@ -47,10 +48,18 @@ KINDS: tuple[str, ...] = (
     REPLAY_STALE,
     CANCEL_STORM,
     FSYNC_EIO,
+    REDIS_WIPE,
 )
 KILLS = (KILL_BEFORE_SEND, KILL_BEFORE_REPLY, KILL_AFTER_REPLY)
 # At most this many of a kind per seed: each one costs a slot, a restart or a pause.
-_CAP = {FSYNC_EIO: 1, SERVER_CRASH: 2, PAUSE: 2, SLOW_REDELIVERY: 2, STORM_429: 2}
+_CAP = {
+    FSYNC_EIO: 1,
+    SERVER_CRASH: 2,
+    PAUSE: 2,
+    SLOW_REDELIVERY: 2,
+    STORM_429: 2,
+    REDIS_WIPE: 1,
+}
 # These end the job's attempt for good (it fails or is cancelled): a job that has one
 # has no other fault, which its later steps would never meet.
 _EXCLUSIVE = frozenset({FSYNC_EIO, CANCEL_STORM})
@@ -230,7 +239,7 @@ def _place(
 def _steps_for(kind: str, job: JobPlan, rng: random.Random) -> list[int]:
     tools = [str(s["tool"]) for s in job.steps]
     every = list(range(len(tools)))
-    if kind in (SERVER_CRASH, LOSE_RESPONSE, FSYNC_EIO):
+    if kind in (SERVER_CRASH, LOSE_RESPONSE, FSYNC_EIO, REDIS_WIPE):
         return [i for i in every if tools[i] in EFFECT_TOOLS]
     if kind == REPLAY_STALE:
         return [i for i in every if tools[i] in ("write_file", "apply_patch")]

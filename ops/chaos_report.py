@@ -38,6 +38,7 @@ class ChaosReport:
     duration_s: float
     report_dir: str
     toolserver_restarts: int = 0
+    worker_restarts: list[str] = field(default_factory=list)  # "<name>: <why it died>"
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -82,6 +83,7 @@ class ChaosReport:
             "duration_s": round(self.duration_s, 2),
             "jobs_per_s": self.jobs_per_s,
             "toolserver_restarts": self.toolserver_restarts,
+            "worker_restarts": self.worker_restarts,
             "planned": self.planned,
             "fired": sorted(self.fired, key=lambda f: float(f["at_s"])),
             "notes": self.notes,

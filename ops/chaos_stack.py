@@ -94,6 +94,7 @@ class ChaosStack:
         workers: int,
         concurrency: int = 2,
         toolserver_env: Mapping[str, str] | None = None,
+        worker_env: Mapping[str, str] | None = None,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.home = home
@@ -124,6 +125,7 @@ class ChaosStack:
             "SLOTRUNNER_TOOLSERVER_URL": self.toolserver_url,
             **(toolserver_env or {}),
         }
+        self.worker_env = dict(worker_env or {})
         self.settings = Settings.from_env(self.toolserver_env)
         self.log = LogTail(self.settings.log_path)
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
@@ -134,6 +136,10 @@ class ChaosStack:
         self.workers: list[Child] = []
         self.restarts: list[float] = []  # monotonic times the supervisor restarted the server
         self.restart_errors: list[str] = []
+        self.worker_restarts: list[str] = []  # "<name>: <its last error line>"
+        self._workers_lock = threading.Lock()
+        self._workers_stopping = False
+        self._worker_start_env: dict[str, str] = {}
         self._stop = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="chaos-supervisor")
         self._app: Celery | None = None
@@ -145,11 +151,13 @@ class ChaosStack:
         self.toolserver = start_toolserver(self.toolserver_env, self.port, logs)
         self._supervisor.start()
         proxy_url = self.proxy.start()
-        worker_env = {**self.env, "SLOTRUNNER_TOOLSERVER_URL": proxy_url}
-        for n in range(self.n_workers):
-            self.workers.append(
-                start_worker(worker_env, logs, name=f"w{n + 1}", concurrency=self.concurrency)
-            )
+        worker_env = {**self.env, "SLOTRUNNER_TOOLSERVER_URL": proxy_url, **self.worker_env}
+        self._worker_start_env = worker_env
+        with self._workers_lock:
+            for n in range(self.n_workers):
+                self.workers.append(
+                    start_worker(worker_env, logs, name=f"w{n + 1}", concurrency=self.concurrency)
+                )
 
     @property
     def app(self) -> Celery:
@@ -160,8 +168,15 @@ class ChaosStack:
         return self._app
 
     def _supervise(self) -> None:
-        """Restart the tool server on its port whenever a fault has killed it."""
+        """Restart the tool server on its port, and any worker, whenever one died.
+
+        Workers are supervised as a deployment would (systemd, Kubernetes): Celery's
+        worker exits with "Unrecoverable error" when its Redis broker refuses
+        connections while it still holds unacked deliveries (kombu restores them on
+        close through a connection that is already gone), which a Redis restart does.
+        """
         while not self._stop.wait(0.05):
+            self._supervise_workers()
             child = self.toolserver
             if child is None or child.alive():
                 continue
@@ -175,7 +190,29 @@ class ChaosStack:
                 self.restart_errors.append(str(exc))
                 return
 
+    def _supervise_workers(self) -> None:
+        with self._workers_lock:
+            if self._workers_stopping:
+                return
+            for n, child in enumerate(self.workers):
+                if child.alive():
+                    continue
+                child.stop()
+                last = [
+                    ln for ln in child.tail(200).splitlines() if "CRITICAL" in ln or "Error" in ln
+                ]
+                why = last[-1].strip()[:200] if last else f"exit {child.proc.returncode}"
+                self.worker_restarts.append(f"{child.name}: {why}")
+                self.workers[n] = start_worker(
+                    self._worker_start_env,
+                    self.home / "logs",
+                    name=child.name,
+                    concurrency=self.concurrency,
+                )
+
     def stop_workers(self) -> None:
+        with self._workers_lock:
+            self._workers_stopping = True
         for child in self.workers:
             child.signal_group(signal.SIGCONT)  # a stopped group would ignore SIGTERM
             child.stop()

@@ -34,6 +34,9 @@ from runner.durable import fsync_dir, replace_file
 from runner.models import JOB_ID_RE
 
 ATTEMPTS_DIR = "attempts"
+# Test only: "1" runs jobs without the floor, so the chaos campaign can show that its
+# check catches the attempt numbers a Redis wipe then reissues.
+DISABLE_ENV = "SLOTRUNNER_TEST_DISABLE_ATTEMPT_FLOOR"
 LOCK_TIMEOUT_S = 60.0
 
 

@@ -66,6 +66,11 @@ def create_app(
         task_serializer="json",
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
+        # A lost broker connection leaves running jobs running: their messages stay
+        # unacked and come back after the visibility timeout as copies that find the
+        # live heartbeat and only watch it (runner/liveness.py). Killing them would
+        # throw work away for a blip. Said explicitly: Celery warns when it is unset.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         broker_transport_options={**broker_transport_options(env), **(broker_options or {})},

