@@ -259,7 +259,7 @@ class Attempt:
         return self.finish(result)
 
     def finish(self, result: JobResult, counter: str | None = None) -> JobResult:
-        return finish(self.ctx.redis, self.ctx.log, result, counter)
+        return finish(self.ctx.redis, self.ctx.log, result, counter, home=self.ctx.settings.home)
 
 
 def _sandbox_mode(records: list[Any]) -> str | None:

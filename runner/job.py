@@ -85,10 +85,15 @@ def run_job(spec: JobSpec, ctx: WorkerContext, *, worker: str | None = None) -> 
     who: dict[str, Any] = {"pid": os.getpid(), "worker": worker}
     floor_home = None if os.environ.get(FLOOR_DISABLE_ENV) == "1" else ctx.settings.home
     liveness = Liveness(ctx.redis, job_id, ctx.config, home=floor_home)
-    claimed = acquire(liveness, ctx.log, **who)
-    if isinstance(claimed, Finished):
+    while True:
+        claimed = acquire(liveness, ctx.log, **who)
+        if not isinstance(claimed, Finished):
+            break
         found = load_result(ctx.redis, job_id)
-        assert found is not None, "a finished job has a result"
+        if found is None:
+            # Committed when the claim looked, gone when read: Redis lost its data in
+            # between. Claim again (the attempt floor keeps the numbers growing).
+            continue
         ctx.log.emit(job_events.JOB_ALREADY_FINISHED, job_id=job_id, state=found.state, **who)
         return found
     attempt = claimed.attempt

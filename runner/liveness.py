@@ -21,6 +21,9 @@ read -> script -> durable write of the new number, and a claim whose number cann
 made durable ends its heartbeat and raises :class:`AttemptFloorError` before any work.
 The floor is per host, like slot stamps: across hosts, uniqueness rests on the Redis
 counter plus each host's own floor.
+The same lock covers the host's kept results (``runner.result_copy``): a claim that
+finds this host committed the job puts the result back into Redis if it was lost and
+reports the job finished, so a wipe never runs a finished job again here.
 
 The new attempt number fences every older attempt: it is in every envelope and slot
 stamp, the janitor reclaims slots stamped with an older one, the job result commits
@@ -48,7 +51,7 @@ from typing import Any
 
 import redis
 
-from runner import job_events, keys
+from runner import job_events, keys, result_copy
 from runner.attempt_floor import AttemptFloor, AttemptFloorError
 from runner.job_config import JobConfig
 from runner.logs import EventLog
@@ -127,6 +130,7 @@ class Liveness:
         self.job_id = job_id
         self.config = config
         self.clock = clock
+        self.home = home
         self.floor = AttemptFloor(home, job_id) if home is not None else None
         self._claim = client.register_script(_CLAIM)
         self._beat = client.register_script(_BEAT)
@@ -141,10 +145,24 @@ class Liveness:
         if self.floor is None:
             return self._run_claim(0)
         with self.floor.locked():
+            if self._kept_result():
+                return Finished()
             state = self._run_claim(self.floor.read())
             if isinstance(state, Claimed):
                 self._record(self.floor, state.attempt)
             return state
+
+    def _kept_result(self) -> bool:
+        """True when this host committed the job's result (put back into Redis if lost)."""
+        assert self.home is not None
+        try:
+            kept = result_copy.load(self.home, self.job_id)
+        except result_copy.ResultCopyError:
+            return False  # unusable: the job may run again (see runner.result_copy)
+        if kept is None:
+            return False
+        result_copy.republish(self.redis, kept)
+        return True
 
     def _record(self, floor: AttemptFloor, attempt: int) -> None:
         """Make ``attempt`` durable in the floor, or give the claim up before any work."""

@@ -7,10 +7,11 @@ Also the ``job_finished`` log line, and the rejection counter of
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import redis
 
-from runner import events, keys
+from runner import events, keys, result_copy
 from runner.logs import EventLog
 from runner.models import JobResult
 
@@ -43,10 +44,26 @@ def commit_result(client: redis.Redis, result: JobResult, counter: str | None = 
 
 
 def finish(
-    client: redis.Redis, log: EventLog, result: JobResult, counter: str | None = None
+    client: redis.Redis,
+    log: EventLog,
+    result: JobResult,
+    counter: str | None = None,
+    *,
+    home: Path | None = None,
 ) -> JobResult:
-    """Commit (if still current) and log ``job_finished`` with whether it committed."""
+    """Commit (if still current) and log ``job_finished`` with whether it committed.
+
+    With ``home``, a committed result is also kept on this host
+    (``runner.result_copy``), so a Redis that loses it does not make the job run again.
+    """
     committed = commit_result(client, result, counter)
+    kept: str | None = None
+    if committed and home is not None:
+        try:
+            result_copy.keep(home, result)
+            kept = "kept"
+        except (OSError, result_copy.ResultCopyError) as exc:
+            kept = f"not kept: {type(exc).__name__}: {exc}"
     log.emit(
         events.JOB_FINISHED,
         job_id=result.job_id,
@@ -54,6 +71,7 @@ def finish(
         state=result.state,
         committed=committed,
         reason=result.reason,
+        **({"local_copy": kept} if kept is not None else {}),
     )
     return result
 
