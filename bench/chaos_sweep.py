@@ -1,0 +1,228 @@
+"""Run the chaos campaign over a range of seeds and write ``bench/CHAOS.md``.
+
+    python -m bench.chaos_sweep --seeds 1-20 --jobs 30 --out-dir DIR
+    python -m bench.chaos_sweep --seeds 1-20 --out-dir DIR --report-only
+
+Each seed runs as its own ``slotrunner chaos`` process (exactly the README's loop),
+its report kept under ``DIR/<seed>/``. The tables of ``CHAOS.md`` are rebuilt from
+those reports; everything from its ``## Findings`` heading on is prose written by
+hand, and is kept as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ops.chaos_plan import KINDS
+
+CHAOS_MD = Path(__file__).with_name("CHAOS.md")
+FINDINGS = "## Findings"
+STATES = ("succeeded", "failed", "cancelled", "rejected")
+VERIFY_KINDS = (
+    "stale_generation_apply",
+    "cross_job_apply",
+    "unowned_apply",
+    "duplicate_apply",
+    "wrong_attempt_apply",
+    "after_release_apply",
+)
+DETECT_KINDS = VERIFY_KINDS[:4]
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise click.BadParameter(f"{part!r}: expected N or N-M")
+        seeds += range(int(low), int(high or low) + 1)
+    return seeds
+
+
+def run_seed(seed: int, jobs: int, out_dir: Path) -> dict[str, Any]:
+    """One ``slotrunner chaos`` run; its exit code and wall time."""
+    env = {**os.environ, "SLOTRUNNER_HOME": str(out_dir / "home")}
+    argv = [sys.executable, "-m", "runner.cli", "chaos", "--seed", str(seed), "--jobs", str(jobs)]
+    argv += ["--report-dir", str(out_dir / str(seed)), "--quiet"]
+    started = time.monotonic()
+    with open(out_dir / f"{seed}.out", "wb") as log:
+        proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    return {"seed": seed, "exit": proc.returncode, "wall_s": round(time.monotonic() - started)}
+
+
+def load_report(out_dir: Path, seed: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads((out_dir / str(seed) / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _counts(report: dict[str, Any], check: str) -> Counter[str]:
+    for item in report.get("checks", []):
+        if item.get("name") == check:
+            return Counter({k: int(v) for k, v in item.get("data", {}).get("counts", {}).items()})
+    return Counter()
+
+
+def render(runs: list[dict[str, Any]], out_dir: Path, jobs: int, started: str) -> str:
+    reports = {r["seed"]: load_report(out_dir, r["seed"]) for r in runs}
+    done = [rep for rep in reports.values() if rep is not None]
+    passing = sum(1 for rep in done if rep.get("ok"))
+    injected: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    states: Counter[str] = Counter()
+    verify: Counter[str] = Counter()
+    detect: Counter[str] = Counter()
+    for rep in done:
+        for fired in rep.get("fired", []):
+            (skipped if fired.get("skipped") else injected)[str(fired["kind"])] += 1
+        states.update(rep.get("states", {}))
+        verify.update(_counts(rep, "ops_verify"))
+        detect.update(_counts(rep, "ops_detect"))
+    duplicates = sum(int(rep.get("duplicate_applies", 0)) for rep in done)
+    faults = sum(injected.values())
+    per_100 = round(100.0 * duplicates / faults, 3) if faults else 0.0
+    wall = sum(int(r["wall_s"]) for r in runs)
+    seeds = [r["seed"] for r in runs]
+    span = f"{min(seeds)}..{max(seeds)}" if seeds else "none"
+    lines = [
+        f"# slotrunner chaos campaign: seeds {span}, {jobs} jobs each",
+        "",
+        "A sibling of `RESULTS.md`: the fault campaign of `slotrunner chaos` (`ops/chaos.py`)",
+        "run on this machine, one seed after the other. Counts, not speeds: the figures per",
+        "seed are there to show what ran, not to be compared across machines.",
+        "",
+        f"- command: `python -m bench.chaos_sweep --seeds {span.replace('..', '-')} "
+        f"--jobs {jobs} --out-dir DIR` (one `slotrunner chaos --seed S --jobs {jobs}` a seed)",
+        f"- date (UTC): {started}",
+        f"- machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, 2 Celery workers "
+        "x 2 processes, 4 slots, bwrap sandbox (auto)",
+        f"- wall time of the whole sweep: {wall} s ({wall / 60:.1f} min); "
+        f"{sum(int(rep.get('jobs', 0)) for rep in done)} jobs, {faults} faults injected",
+        "",
+        "## Verdict",
+        "",
+        f"- seeds passing every check: **{passing} of {len(runs)}**",
+        f"- duplicate applies: **{duplicates}** ({per_100:g} per 100 injected faults)",
+        "- `ops verify` violations, summed over all seeds: "
+        + ", ".join(f"{k} {verify[k]}" for k in VERIFY_KINDS),
+        "- `ops detect` incidents, summed over all seeds: "
+        + ", ".join(f"{k} {detect[k]}" for k in DETECT_KINDS),
+        "",
+        "## Faults injected, by kind (all seeds)",
+        "",
+        "| kind | injected | planned but not injected |",
+        "|---|---:|---:|",
+        *(f"| {k} | {injected[k]} | {skipped[k]} |" for k in KINDS),
+        f"| **total** | **{faults}** | **{sum(skipped.values())}** |",
+        "",
+        "A planned fault is *not injected* when its moment never came or would have been",
+        "moot: the job failed before reaching that step, no redelivered copy arrived while",
+        "the slow tests ran (every worker process was busy), another worker was already",
+        "paused, or the armed crash's call never reached its effect. Each report's `fired`",
+        "list says which and why.",
+        "",
+        "## Jobs by terminal state (all seeds)",
+        "",
+        "| state | jobs |",
+        "|---|---:|",
+        *(f"| {s} | {states[s]} |" for s in STATES),
+        f"| **total** | **{sum(states.values())}** |",
+        "",
+        "## Per seed",
+        "",
+        "| seed | verdict | jobs | faults | not injected | "
+        + " | ".join(STATES)
+        + " | dup applies | tool server restarts | worker restarts | duration s | jobs/s "
+        "| exit | wall s |",
+        "|---:|---|" + "---:|" * 14,
+    ]
+    for run in runs:
+        found = reports[run["seed"]]
+        if found is None:
+            lines.append(f"| {run['seed']} | no report | " + "| " * 13 + f"{run['exit']} | ")
+            continue
+        rep = found
+        row = [
+            str(run["seed"]),
+            "pass" if rep.get("ok") else "**FAIL**",
+            str(rep.get("jobs")),
+            str(rep.get("faults_injected")),
+            str(rep.get("faults_skipped")),
+            *(str(rep.get("states", {}).get(s, 0)) for s in STATES),
+            str(rep.get("duplicate_applies")),
+            str(rep.get("toolserver_restarts")),
+            str(len(rep.get("worker_restarts", []))),
+            f"{float(rep.get('duration_s', 0)):.1f}",
+            f"{float(rep.get('jobs_per_s', 0)):.2f}",
+            str(run["exit"]),
+            str(run["wall_s"]),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    failed = [
+        f"- seed {seed}: " + ", ".join(c["name"] for c in r.get("checks", []) if not c["ok"])
+        for seed, r in reports.items()
+        if r is not None and not r.get("ok")
+    ]
+    if failed:
+        lines += ["", "Failed checks:", "", *failed]
+    return "\n".join(lines) + "\n"
+
+
+def keep_findings(text: str) -> str:
+    """The hand-written part of the current CHAOS.md, from its Findings heading on."""
+    at = text.find(FINDINGS)
+    return text[at:] if at >= 0 else f"{FINDINGS}\n\n(none written yet)\n"
+
+
+@click.command()
+@click.option("--seeds", "seeds_text", default="1-20", show_default=True, help="N, N-M, ...")
+@click.option("--jobs", type=click.IntRange(1, 500), default=30, show_default=True)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Where each seed's report and scratch home go.",
+)
+@click.option("--report-only", is_flag=True, help="Do not run: rebuild from DIR's reports.")
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=CHAOS_MD,
+    show_default=True,
+)
+def main(seeds_text: str, jobs: int, out_dir: Path, report_only: bool, output: Path) -> None:
+    """Run seeds of `slotrunner chaos` one after the other and write CHAOS.md."""
+    seeds = parse_seeds(seeds_text)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs_file = out_dir / "runs.json"
+    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if report_only:
+        saved = json.loads(runs_file.read_text()) if runs_file.exists() else {}
+        runs = saved.get("runs") or [{"seed": s, "exit": "?", "wall_s": 0} for s in seeds]
+        started = saved.get("started", started)
+    else:
+        runs = []
+        for seed in seeds:
+            run = run_seed(seed, jobs, out_dir)
+            runs.append(run)
+            runs_file.write_text(json.dumps({"started": started, "runs": runs}))
+            click.echo(f"seed {seed}: exit {run['exit']} in {run['wall_s']} s", err=True)
+    findings = keep_findings(output.read_text()) if output.exists() else keep_findings("")
+    output.write_text(render(runs, out_dir, jobs, started) + "\n" + findings)
+    click.echo(f"wrote {output}", err=True)
+
+
+if __name__ == "__main__":
+    main()
