@@ -12,6 +12,10 @@ environment (the app factory is an edge) and hands the frozen object to every ta
     SLOTRUNNER_MIN_DEADLINE_S         5     a job with less of its deadline left is not
                                             started: ``rejected`` (reason ``deadline``)
     SLOTRUNNER_JANITOR_INTERVAL_S     5     period of the worker's janitor sweep
+    SLOTRUNNER_DELIVERY_RETRY_S       2     first wait before a delivery that failed
+                                            outside the job (Redis gone, a stamp or
+                                            floor that cannot be written) is retried;
+                                            doubles, 5 retries, then the job fails
     SLOTRUNNER_ADMISSION_RECOVERY_HOLD_S    how long an admission desk re-created after
                                             a Redis loss grants nothing (unset: the
                                             planner's HTTP timeout plus 30 s; 0: no hold)
@@ -39,6 +43,10 @@ class JobConfig:
     watchdog_poll_s: float = 0.5
     # None: each planner's own (runner.planners.admission_desk).
     admission_recovery_hold_s: float | None = None
+    # A delivery that fails outside the job's own handling is retried this many times,
+    # the first after delivery_retry_s (doubling, capped at 60 s), then the job fails.
+    delivery_retries: int = 5
+    delivery_retry_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s * 2 > self.heartbeat_ttl_s:
@@ -63,6 +71,7 @@ class JobConfig:
                 env, "SLOTRUNNER_JANITOR_INTERVAL_S", cls.janitor_interval_s
             ),
             admission_recovery_hold_s=optional_seconds(env, "SLOTRUNNER_ADMISSION_RECOVERY_HOLD_S"),
+            delivery_retry_s=seconds(env, "SLOTRUNNER_DELIVERY_RETRY_S", cls.delivery_retry_s),
         )
 
 
