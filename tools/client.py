@@ -266,7 +266,8 @@ class ToolClient:
         if response.status_code == 404:
             return None
         raise OutcomeUnknown(
-            f"receipt lookup answered {response.status_code}", status=response.status_code
+            f"receipt lookup answered {response.status_code}{_why(response)}",
+            status=response.status_code,
         )
 
     def _reconcile(
@@ -358,3 +359,15 @@ def _decode(response: httpx.Response) -> ToolResponse:
     raise ToolRefused(
         f"HTTP {response.status_code} {reason}: {message}", reason, response.status_code
     )
+
+
+def _why(response: httpx.Response) -> str:
+    """``": <error>: <message>"`` from a JSON error body, or nothing."""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    parts = [str(body[k])[:200] for k in ("error", "message") if body.get(k)]
+    return ": " + ": ".join(parts) if parts else ""

@@ -274,3 +274,15 @@ def test_fsync_failure_poisons_the_slot_and_nothing_more_is_applied(
         },
     )
     assert read.status_code in (200, 409)  # reads are harmless; the stamp may be poisoned
+
+
+def test_a_failed_receipt_lookup_says_why() -> None:
+    """The job's reason names the server's error, not only its status code."""
+    import httpx
+
+    from tools.client import _why
+
+    said = httpx.Response(503, json={"error": "outcome_unknown", "message": "fsync failed"})
+    assert _why(said) == ": outcome_unknown: fsync failed"
+    assert _why(httpx.Response(500, text="Internal Server Error")) == ""
+    assert _why(httpx.Response(502, json=["not", "a", "dict"])) == ""
