@@ -248,6 +248,7 @@ def _report(
             checks.one_commit(events),
             checks.attempts_never_repeat(events),
             checks.slots_settled(stack.settings),
+            checks.worktrees(stack.settings),
             checks.poisoned_stay_out(stack.settings, events, injector.fsync_slots),
             checks.generations_grow(events, stack.settings),
             checks.final_trees(results, expected),

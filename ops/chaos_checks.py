@@ -213,6 +213,39 @@ def replays_refused(replays: Iterable[Any]) -> Check:
     )
 
 
+def worktrees(settings: Settings) -> Check:
+    """Every repo cache's worktrees are slot work trees of this host, none stale or extra."""
+    allowed = {
+        str((settings.slots_dir / f"S{n}" / "work").resolve()) for n in range(settings.slots)
+    }
+    problems: list[str] = []
+    listed = 0
+    repos = settings.home / "repos"
+    for cache in sorted(repos.glob("*.git")) if repos.is_dir() else []:
+        proc = subprocess.run(
+            ["git", "-C", str(cache), "worktree", "list", "--porcelain"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if proc.returncode != 0:
+            problems.append(f"{cache.name}: git worktree list failed: {proc.stderr.strip()[:200]}")
+            continue
+        for block in proc.stdout.strip().split("\n\n"):
+            lines = block.splitlines()
+            if not lines or "bare" in lines:
+                continue
+            path = lines[0].removeprefix("worktree ")
+            listed += 1
+            if str(Path(path).resolve()) not in allowed:
+                problems.append(f"{cache.name}: worktree {path} is not a slot's")
+            if any(line.startswith("prunable") for line in lines) or not Path(path).is_dir():
+                problems.append(f"{cache.name}: worktree {path} is stale")
+    detail = f"{listed} worktrees for {settings.slots} slots; problems: {problems or 'none'}"
+    return Check("no_leaked_worktrees", not problems, detail, {"problems": problems})
+
+
 def supervisor(restarts: int, errors: list[str]) -> Check:
     """The tool server came back after every crash."""
     return Check(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ops.chaos_checks import replays_refused
@@ -53,3 +54,38 @@ def test_attempts_never_repeat_flags_a_reissued_number() -> None:
     check = attempts_never_repeat(reissued)
     assert not check.ok
     assert check.data == {"repeated": {"a": [1]}}
+
+
+def test_worktrees_check_flags_foreign_and_stale_worktrees(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from ops.chaos_checks import worktrees
+    from runner.settings import Settings
+
+    home = tmp_path / "home"
+    cache = home / "repos" / "r.git"
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env |= {"GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], check=True, capture_output=True, env=env)
+
+    src = tmp_path / "src"
+    git("init", "-q", str(src))
+    (src / "f").write_text("x\n")
+    git("-C", str(src), "add", "f")
+    git("-C", str(src), "commit", "-q", "-m", "base")
+    git("clone", "-q", "--bare", str(src), str(cache))
+    git("-C", str(cache), "worktree", "add", "-q", "--detach", str(home / "slots/S0/work"))
+    settings = Settings.from_env(
+        {"SLOTRUNNER_HOME": str(home), "SLOTRUNNER_SLOTS": "2", "REDIS_URL": "redis://x:1/0"}
+    )
+    assert worktrees(settings).ok
+
+    git("-C", str(cache), "worktree", "add", "-q", "--detach", str(home / "elsewhere"))
+    shutil.rmtree(home / "slots/S0/work")  # a slot's tree deleted behind git's back
+    check = worktrees(settings)
+    assert not check.ok
+    problems = " ".join(check.data["problems"])
+    assert "elsewhere is not a slot's" in problems and "S0/work is stale" in problems
