@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import backpressure, job_events, keys
 from runner.agent import AgentRun, ScriptedSteps
+from runner.fence import LeaseLostError, fenced
 from runner.lease_keeper import LeaseKeeper
 from runner.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
 from runner.models import JobResult, JobSpec, ScriptedPlanner
@@ -149,16 +151,17 @@ class Attempt:
         slot_dir = ctx.settings.slots_dir / stamp.slot_id
         where = {"slot_id": stamp.slot_id, "generation": stamp.generation}
         try:
-            write_job(
-                slot_dir,
-                {
-                    "job_id": job_id,
-                    "generation": stamp.generation,
-                    "test_command": spec.test_command,
-                    "test_timeout_s": spec.test_timeout_s,
-                },
-            )
-            prepared = ctx.workspaces.prepare(slot_dir, spec.repo, spec.base, job_id)
+            with self.fenced(slot_dir, stamp):
+                write_job(
+                    slot_dir,
+                    {
+                        "job_id": job_id,
+                        "generation": stamp.generation,
+                        "test_command": spec.test_command,
+                        "test_timeout_s": spec.test_timeout_s,
+                    },
+                )
+                prepared = ctx.workspaces.prepare(slot_dir, spec.repo, spec.base, job_id)
             left_s = backpressure.deadline_left_s(spec.deadline_s, self.submitted_at, time.time())
             timed = spec.model_copy(update={"deadline_s": max(left_s, 0.001)})
             run = AgentRun(timed, stamp, slot_dir, ctx.client, should_stop=self.between_steps)
@@ -187,7 +190,9 @@ class Attempt:
                 )
             if run.stopped == CANCELLED:
                 self.cancel_slot(stamp)
-            _, end_tree = ctx.workspaces.snapshot(slot_dir, job_id, "end")
+            with self.fenced(slot_dir, stamp):
+                _, end_tree = ctx.workspaces.snapshot(slot_dir, job_id, "end")
+                diff = ctx.workspaces.diff(slot_dir, prepared.base_commit)
             failed = [r for r in records if r.outcome in ("failed", "refused", "unknown")]
             if run.stopped == CANCELLED:
                 state, reason = "cancelled", f"cancelled by request after {len(records)} step(s)"
@@ -202,7 +207,7 @@ class Attempt:
                 state,
                 reason,
                 final_tree=end_tree,
-                diff=ctx.workspaces.diff(slot_dir, prepared.base_commit),
+                diff=diff,
                 steps=[r.model_dump() for r in records],
                 counts=run.counts.model_dump(),
                 sandbox=_sandbox_mode(records),
@@ -211,6 +216,11 @@ class Attempt:
             )
         except WorkspaceError as exc:
             return self.result("failed", str(exc), **where)
+        except LeaseLostError as exc:
+            return self.result("failed", f"the slot lease was lost: {exc}", **where)
+
+    def fenced(self, slot_dir: Path, stamp: Stamp) -> contextlib.AbstractContextManager[Stamp]:
+        return fenced(slot_dir, stamp, self.job_id, self.attempt)
 
     def planner(self, deadline_s: float) -> ScriptedSteps | ChatPlanner:
         """The job's planner; a chat planner leases every request from the run's desk."""
