@@ -161,7 +161,9 @@ class Attempt:
                         "test_timeout_s": spec.test_timeout_s,
                     },
                 )
-                prepared = ctx.workspaces.prepare(slot_dir, spec.repo, spec.base, job_id)
+            prepared = ctx.workspaces.prepare(
+                slot_dir, spec.repo, spec.base, job_id, fence=lambda: self.fenced(slot_dir, stamp)
+            )
             left_s = backpressure.deadline_left_s(spec.deadline_s, self.submitted_at, time.time())
             timed = spec.model_copy(update={"deadline_s": max(left_s, 0.001)})
             run = AgentRun(timed, stamp, slot_dir, ctx.client, should_stop=self.between_steps)

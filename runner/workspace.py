@@ -32,6 +32,8 @@ The names other modules import from here (``Workspaces``, ``Prepared``,
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +68,20 @@ class Workspaces(SnapshotStore):
         super().__init__(home)
         self.slots_dir = self.home / "slots"
 
-    def prepare(self, slot_dir: Path, source: str, base: str, job_id: str) -> Prepared:
+    def prepare(
+        self,
+        slot_dir: Path,
+        source: str,
+        base: str,
+        job_id: str,
+        fence: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ) -> Prepared:
+        """Resolve ``base`` in the source's cache, then recycle the slot's tree to it.
+
+        Only the recycle and the start snapshot touch the slot, so only they run
+        inside ``fence`` (``runner.fence``: the slot lock, the lease proved); a slow
+        clone or fetch does not hold the slot.
+        """
         check_job_id(job_id)
         src = parse_source(source)
         cache = self._cache_path(src)
@@ -74,8 +89,9 @@ class Workspaces(SnapshotStore):
         with self._lock(cache):
             cache, fresh = self._ensure_cache(src)
             base_commit = self._resolve_base(cache, source, base, fresh)
-        tree, start_tree = self._recycle(work, cache, base_commit)
-        commit = self._commit_snapshot(tree, job_id, "start", base_commit, start_tree)
+        with fence():
+            tree, start_tree = self._recycle(work, cache, base_commit)
+            commit = self._commit_snapshot(tree, job_id, "start", base_commit, start_tree)
         return Prepared(src.key, base_commit, commit, start_tree)
 
     def restore(self, job_id: str, which: str, target: Path) -> str:
