@@ -7,6 +7,7 @@ the campaign could not run (bad options, a stack that did not start).
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import click
@@ -91,6 +92,9 @@ def chaos(
         kinds=kinds,
         timeout_s=timeout_s,
     )
+    # SIGTERM unwinds like Ctrl-C, so the campaign stops the stack it started (its
+    # workers, tool server and Redis would otherwise outlive it).
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         report = run_campaign(config, say)
     except (ChaosError, ValueError) as exc:
@@ -101,3 +105,7 @@ def chaos(
         render(report, console if console.is_terminal else Console(width=160, highlight=False))
         console.print(f"report: {directory / 'report.json'}")
     raise SystemExit(0 if report.ok else 1)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -126,3 +126,37 @@ def test_cli_names_an_unknown_fault_kind(tmp_path: Path) -> None:
     assert "nope" in done.stderr and "kill_before_send" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "home" / "chaos").exists()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_campaign_and_everything_it_started(tmp_path: Path) -> None:
+    """A campaign killed politely (SIGTERM) leaves no worker, tool server or Redis behind."""
+    import signal
+    import time
+
+    from ops.chaos_checks import scan_processes
+
+    env = {**os.environ, "SLOTRUNNER_HOME": str(tmp_path / "home")}
+    report_dir = tmp_path / "home" / "chaos" / "5"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "chaos", "--seed", "5", "--jobs", "4"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    give_up = time.monotonic() + 60
+    while not list((report_dir / "home" / "logs").glob("w*.out")):
+        assert proc.poll() is None and time.monotonic() < give_up, proc.stdout.read()  # type: ignore[union-attr]
+        time.sleep(0.1)
+    time.sleep(1.0)  # the workers are up and taking jobs
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    left: list[str] = []
+    while time.monotonic() < give_up + 30:
+        left = scan_processes(report_dir / "home")
+        if not left:
+            break
+        time.sleep(0.2)
+    assert left == []
