@@ -37,6 +37,23 @@ VERIFY_KINDS = (
     "after_release_apply",
 )
 DETECT_KINDS = VERIFY_KINDS[:4]
+CHECKS_TEXT = """## What each run checks
+
+`ops_verify` and `ops_detect` (the operator's `slotrunner ops verify|detect --json`
+over the run's `logs/slotrunner.jsonl`: zero cross-job, stale-generation, unowned and
+duplicate applies), `terminal_states` (every job ends succeeded/failed/rejected/
+cancelled, and every end but success carries a reason), `one_result_per_job`,
+`attempts_never_repeat` (no attempt number of a job starts twice, across a Redis
+wipe too), `slots_idle_or_poisoned` (after a bounded janitor sweep),
+`no_leaked_worktrees` (every repo cache's worktrees are this host's slot trees),
+`poisoned_slots_stay_out` (a slot whose receipt fsync failed is poisoned with a
+reason and never leased again), `generations_only_grow` (per host and slot, leased
+generations strictly increase), `final_trees` (every succeeded job's `final_tree`
+equals its steps applied once to its base in a plain clone, computed in-process),
+`replays_refused` (every replayed old envelope got 409: from the fence, or from a
+slot an fsync failure poisoned), `toolserver_restarts` and `no_leaked_processes`
+(nothing in /proc names the run's scratch home once the stack is stopped). The
+denominator is duplicate applies per 100 injected faults."""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -177,6 +194,7 @@ def render(runs: list[dict[str, Any]], out_dir: Path, jobs: int, started: str) -
     ]
     if failed:
         lines += ["", "Failed checks:", "", *failed]
+    lines += ["", CHECKS_TEXT]
     return "\n".join(lines) + "\n"
 
 
