@@ -16,6 +16,9 @@ SLOT_RECLAIMED: Final = "slot_reclaimed"
 TOOL_RESULT: Final = "tool_result"
 JOB_STARTED: Final = "job_started"
 JOB_FINISHED: Final = "job_finished"
+# the committed result could not be kept on the host (runner.result_copy): job_id,
+# attempt, error
+JOB_RESULT_NOT_KEPT: Final = "job_result_not_kept"
 RECEIPT_RESOLVED: Final = "receipt_resolved"
 
 # tool_result.outcome values

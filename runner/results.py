@@ -57,13 +57,6 @@ def finish(
     (``runner.result_copy``), so a Redis that loses it does not make the job run again.
     """
     committed = commit_result(client, result, counter)
-    kept: str | None = None
-    if committed and home is not None:
-        try:
-            result_copy.keep(home, result)
-            kept = "kept"
-        except (OSError, result_copy.ResultCopyError) as exc:
-            kept = f"not kept: {type(exc).__name__}: {exc}"
     log.emit(
         events.JOB_FINISHED,
         job_id=result.job_id,
@@ -71,8 +64,19 @@ def finish(
         state=result.state,
         committed=committed,
         reason=result.reason,
-        **({"local_copy": kept} if kept is not None else {}),
     )
+    if committed and home is not None:
+        try:
+            result_copy.keep(home, result)
+        except (OSError, result_copy.ResultCopyError) as exc:
+            # The commit stands; only a Redis wipe before the next delivery would
+            # now run the job again (see runner.result_copy).
+            log.emit(
+                events.JOB_RESULT_NOT_KEPT,
+                job_id=result.job_id,
+                attempt=result.attempt,
+                error=f"{type(exc).__name__}: {exc}",
+            )
     return result
 
 

@@ -20,6 +20,11 @@ from tools.receipts import ReceiptStore
 
 def assert_once(s: Stack, job_id: str) -> None:
     """One committed result, and no idempotency key applied twice."""
+    # The log line follows the commit that made the result visible: wait for it.
+    wait_until(
+        "the committed job_finished line",
+        lambda: [e for e in s.events("job_finished", job_id=job_id) if e["committed"]] or None,
+    )
     committed = [e for e in s.events("job_finished", job_id=job_id) if e["committed"]]
     assert len(committed) == 1, committed
     applied = s.applied_keys(job_id)
