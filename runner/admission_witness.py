@@ -26,7 +26,7 @@ import re
 import threading
 from pathlib import Path
 
-from runner.durable import fsync_dir, replace_file
+from runner.durable import ensure_dir, replace_file
 
 WITNESS_DIR = "admission"
 # Evidence of a desk whose epoch cannot be told; never equal to a real epoch.
@@ -80,9 +80,5 @@ class EpochWitness:
             raise ValueError(f"not a desk epoch: {epoch!r}")
         data = json.dumps({"eval_run": self.eval_run, "epoch": epoch}).encode() + b"\n"
         with _WRITING:
-            directory = self.path.parent
-            if not directory.is_dir():
-                directory.mkdir(parents=True, exist_ok=True)
-                # The directory's own entry must survive a crash, or the file with it.
-                fsync_dir(directory.parent)
+            ensure_dir(self.path.parent)
             replace_file(self.path, data)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from runner.durable import fsync_dir, replace_file
+from runner.durable import ensure_dir, replace_file
 from runner.models import JOB_ID_RE
 
 ATTEMPTS_DIR = "attempts"
@@ -117,13 +117,8 @@ class AttemptFloor:
 
     def _ensure_dir(self) -> None:
         directory = self.path.parent
-        if directory.is_dir():
-            return
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            # The directory's own entry must survive a crash too, or the floor files
-            # written into it could vanish with it.
-            fsync_dir(directory.parent)
+            ensure_dir(directory)
         except OSError as exc:
             raise AttemptFloorError(
                 f"cannot create the attempt floor directory {directory}: {exc}"

@@ -53,6 +53,18 @@ def fsync_dir(directory: Path | str) -> None:
         os.close(fd)
 
 
+def ensure_dir(directory: Path) -> None:
+    """Create ``directory`` (and parents) unless it exists, its own entry made durable.
+
+    Files written into a directory whose entry was never fsynced can vanish with it
+    in a crash, however durably they were written themselves.
+    """
+    if directory.is_dir():
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    fsync_dir(directory.parent)
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data``; durable when this returns."""
     directory = path.parent

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from runner import keys
 from runner.attempt_floor import AttemptFloorError, floor_path
-from runner.durable import fsync_dir, replace_file
+from runner.durable import ensure_dir, replace_file
 from runner.models import JobResult
 
 RESULTS_DIR = "results"
@@ -61,9 +61,7 @@ def copy_path(home: Path, job_id: str) -> Path:
 def keep(home: Path, result: JobResult) -> Path:
     """Write ``result`` durably (raises OSError; the commit itself already stands)."""
     path = copy_path(home, result.job_id)
-    if not path.parent.is_dir():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fsync_dir(path.parent.parent)
+    ensure_dir(path.parent)
     replace_file(path, result.model_dump_json().encode())
     return path
 
