@@ -24,19 +24,15 @@ from typing import Any
 import click
 
 from ops.chaos_plan import KINDS
+from ops.detect import DETECT_KINDS as DETECT_KIND_LIST
+from ops.detect import Kind
 
 CHAOS_MD = Path(__file__).with_name("CHAOS.md")
 FINDINGS = "## Findings"
 STATES = ("succeeded", "failed", "cancelled", "rejected")
-VERIFY_KINDS = (
-    "stale_generation_apply",
-    "cross_job_apply",
-    "unowned_apply",
-    "duplicate_apply",
-    "wrong_attempt_apply",
-    "after_release_apply",
-)
-DETECT_KINDS = VERIFY_KINDS[:4]
+# What `ops verify` and `ops detect` report, as they name it.
+VERIFY_KINDS = tuple(str(k) for k in Kind)
+DETECT_KINDS = tuple(str(k) for k in DETECT_KIND_LIST)
 CHECKS_TEXT = """## What each run checks
 
 `ops_verify` and `ops_detect` (the operator's `slotrunner ops verify|detect --json`
