@@ -23,9 +23,9 @@ from typing import Any
 
 import click
 
-from ops.chaos_plan import KINDS
-from ops.detect import DETECT_KINDS as DETECT_KIND_LIST
-from ops.detect import Kind
+from ops.detect.detector import DETECT_KINDS as DETECT_KIND_LIST
+from ops.detect.detector import Kind
+from ops.testing.chaos.plan import KINDS
 
 CHAOS_MD = Path(__file__).with_name("CHAOS.md")
 FINDINGS = "## Findings"
@@ -65,7 +65,16 @@ def parse_seeds(text: str) -> list[int]:
 def run_seed(seed: int, jobs: int, out_dir: Path) -> dict[str, Any]:
     """One ``slotrunner chaos`` run; its exit code and wall time."""
     env = {**os.environ, "SLOTRUNNER_HOME": str(out_dir / "home")}
-    argv = [sys.executable, "-m", "runner.cli", "chaos", "--seed", str(seed), "--jobs", str(jobs)]
+    argv = [
+        sys.executable,
+        "-m",
+        "runner.cli.main",
+        "chaos",
+        "--seed",
+        str(seed),
+        "--jobs",
+        str(jobs),
+    ]
     argv += ["--report-dir", str(out_dir / str(seed)), "--quiet"]
     started = time.monotonic()
     with open(out_dir / f"{seed}.out", "wb") as log:
@@ -112,7 +121,8 @@ def render(runs: list[dict[str, Any]], out_dir: Path, jobs: int, started: str) -
     lines = [
         f"# slotrunner chaos campaign: seeds {span}, {jobs} jobs each",
         "",
-        "A sibling of `RESULTS.md`: the fault campaign of `slotrunner chaos` (`ops/chaos.py`)",
+        "A sibling of `RESULTS.md`: the fault campaign of `slotrunner chaos` "
+        "(`ops/testing/chaos/campaign.py`)",
         "run on this machine, one seed after the other. Counts, not speeds: the figures per",
         "seed are there to show what ran, not to be compared across machines.",
         "",

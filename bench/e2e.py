@@ -5,7 +5,7 @@ Each job makes 10 tool calls (2 read_file, 3 write_file, 2 apply_patch, 2 git_st
 interleaved, each running the same batch of jobs two at a time (2 slots, 2 lanes):
 
 - **pool**: a real Celery worker (prefork, concurrency 2) and a real tool server, jobs
-  enqueued through ``runner.submit``: attempt fence, slot lease, worktree prepare
+  enqueued through ``runner.jobs.submit``: attempt fence, slot lease, worktree prepare
   and start snapshot, the agent loop over HTTP, end snapshot, diff, release, result;
 - **pool, fence off**: the same, the tool server started with
   ``SLOTRUNNER_TEST_DISABLE_ENVELOPE_HOOK=1`` (the envelope hook lets every call
@@ -58,11 +58,11 @@ from bench.stats import (
     summarize,
 )
 from hooks.check_apply_envelope import DISABLE_ENV
-from runner import events
-from runner.celery_app import create_app
-from runner.settings import Settings
-from runner.stack import Child, start_worker
-from runner.submit import submit, wait_for
+from ops.testing.stack import Child, start_worker
+from runner.core import events
+from runner.core.settings import Settings
+from runner.jobs.submit import submit, wait_for
+from runner.worker.celery_app import create_app
 
 GOAL = Goal("<=", 15.0, "isolation overhead <= 15 % of end-to-end job time")
 

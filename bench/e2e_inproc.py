@@ -16,7 +16,7 @@ from bench.e2e_job import LANES, STEPS, TEST_COMMAND
 from bench.fixtures import Context, git, git_reset, settings_for
 from bench.stats import BenchError, Run
 from tools import builtin, registry
-from tools.receipts import ReceiptStore, Status
+from tools.receipts.store import ReceiptStore, Status
 
 
 class InProcess:

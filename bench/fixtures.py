@@ -1,8 +1,8 @@
 """What the benchmarks stand on: a run context, settings, repositories, child servers.
 
 Everything is real and started the way an operator starts it: the tool server through
-``runner.stack.start_toolserver`` (``slotrunner toolserver`` in a child process),
-Celery workers through ``runner.stack.start_worker``, an embedded Redis under the
+``ops.testing.stack.start_toolserver`` (``slotrunner toolserver`` in a child process),
+Celery workers through ``ops.testing.stack.start_worker``, an embedded Redis under the
 run's scratch directory (never the Redis on port 6379).
 """
 
@@ -22,13 +22,13 @@ import redis
 
 from bench.stats import BenchError
 from hooks.check_apply_envelope import DISABLE_ENV
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import SlotPool
-from runner.stack import Child, free_port, stack_env, start_toolserver, wait_http
-from runner.stamp import Stamp
-from runner.workspace import Workspaces
-from tools.service import CRASH_ENV
+from ops.testing.stack import Child, free_port, stack_env, start_toolserver, wait_http
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.core.stamp import Stamp
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
+from tools.server.service import CRASH_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LEASE_TTL_S = 86_400  # longer than any run: an expiring lease would refuse calls mid-benchmark

@@ -30,7 +30,7 @@ from bench.machine import vm_hwm_mb
 from bench.stats import BenchResult, Figure, Goal, Run, cost_ratio, interleave, summarize, timed
 from tools.client import ToolClient
 from tools.envelope import Envelope
-from tools.service import ToolService
+from tools.server.service import ToolService
 
 GOAL = Goal("<=", 1.5, "<= 1.5x the bare baseline")
 CONTENT = "x = 1  # written by the pipeline benchmark\n"

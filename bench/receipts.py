@@ -28,7 +28,7 @@ from bench.stats import (
     rate_ratio,
     summarize,
 )
-from tools.receipts import RECEIPTS_FILE, ReceiptStore, Status
+from tools.receipts.store import RECEIPTS_FILE, ReceiptStore, Status
 
 ONE_GOAL = Goal(">=", 0.9, ">= 0.9x the raw append+fsync rate (one writer)")
 EIGHT_GOAL = Goal(">=", 3.0, ">= 3x the one-writer rate (eight concurrent slots)")

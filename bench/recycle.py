@@ -23,9 +23,9 @@ import redis
 
 from bench.fixtures import Context, generate_repo, git, git_reset, settings_for
 from bench.stats import BenchResult, Figure, Goal, Run, cost_ratio, interleave, summarize, timed
-from runner.logs import EventLog
-from runner.slots import SlotPool
-from runner.workspace import Workspaces
+from runner.core.logs import EventLog
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
 
 GOAL = Goal("<=", 1.5, "<= 1.5x bare git checkout + clean + reset")
 

@@ -1,6 +1,6 @@
 """What containing one ``run_tests`` costs at start-up: bubblewrap against a bare spawn.
 
-Subject: ``tools.sandbox.run(["/bin/true"], work, mode="required")`` (the limits
+Subject: ``tools.sandbox.run.run(["/bin/true"], work, mode="required")`` (the limits
 shim, a pids cgroup when one is writable, bubblewrap with its namespaces and bind
 mounts). Baseline: ``subprocess.run(["/bin/true"])``. A third arm,
 ``mode="off"``, splits the cost: everything but bubblewrap (shim, cgroup, output
@@ -24,7 +24,7 @@ from bench.stats import (
     summarize,
     timed,
 )
-from tools import sandbox
+from tools.sandbox import run as sandbox
 
 
 def run(ctx: Context) -> BenchResult:

@@ -1,9 +1,9 @@
 """Celery signal hooks of a slotrunner worker: the janitor runs in the parent process.
 
-``worker_ready`` starts a :class:`runner.janitor.JanitorThread` that reclaims slots
+``worker_ready`` starts a :class:`runner.slots.janitor.JanitorThread` that reclaims slots
 whose attempt is superseded or silent (after settling their open intents from the
-tree); ``worker_shutdown`` stops it. Connected when ``runner.tasks`` is imported,
-which ``runner.celery_app.create_app`` does.
+tree); ``worker_shutdown`` stops it. Connected when ``runner.worker.tasks`` is imported,
+which ``runner.worker.celery_app.create_app`` does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
-from runner.job_config import JobConfig
+from runner.jobs.config import JobConfig
 
 
 def _app_of(sender: Any) -> Celery | None:
@@ -24,10 +24,10 @@ def _app_of(sender: Any) -> Celery | None:
 @worker_ready.connect(weak=False, dispatch_uid="slotrunner.janitor.start")  # type: ignore[untyped-decorator]
 def start_janitor(sender: Any = None, **_: Any) -> None:
     """Start the periodic janitor in the worker's parent process."""
-    from runner.janitor import Janitor, JanitorThread
-    from runner.logs import EventLog
+    from runner.core.logs import EventLog
     from runner.redis_server import connect
-    from runner.slots import SlotPool
+    from runner.slots.janitor import Janitor, JanitorThread
+    from runner.slots.pool import SlotPool
 
     app = _app_of(sender)
     if app is None or getattr(app, "slotrunner_janitor", None) is not None:

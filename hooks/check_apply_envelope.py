@@ -23,11 +23,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.stamp import Stamp, StampError, read_stamp, utc_now
+from runner.core.stamp import Stamp, StampError, read_stamp, utc_now
 from tools import registry
 from tools.envelope import verdict
 from tools.reasons import Reason
-from tools.receipts import ReceiptStore
+from tools.receipts.store import ReceiptStore
 
 EXIT_OK = 0
 EXIT_CODES: dict[Reason, int] = {

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ops.detect import (
+from ops.detect.detector import (
     DETECT_KINDS,
     Incident,
     KeySet,
@@ -34,10 +34,10 @@ from ops.detect import (
     judge_batches,
     read_batches,
 )
-from ops.follow import Follower, FollowError
+from ops.detect.follow import Follower, FollowError
+from ops.detect.verify import verify as verify_logs
 from ops.pool import PoolBrake
-from ops.verify import verify as verify_logs
-from runner.settings import Settings, SettingsError
+from runner.core.settings import Settings, SettingsError
 
 if TYPE_CHECKING:  # imported where used: a one-shot detect loads no HTTP client
     from ops.page import Pager
@@ -351,7 +351,7 @@ def restore(job_id: str, which: str, to: Path | None, force: bool, as_json: bool
     Receipts and logs are left as they are, for audit."""
     from ops.restore import RestoreError
     from ops.restore import restore as do_restore
-    from runner.workspace import WorkspaceError
+    from runner.workspace.workspaces import WorkspaceError
 
     settings = _settings()
     try:

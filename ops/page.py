@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import stamina
 
-from ops.detect import Incident
-from runner.durable import append_record
+from ops.detect.detector import Incident
+from runner.core.durable import append_record
 
 BATCH = 64  # alerts per request
 MAX_RETRY_AFTER_S = 30.0

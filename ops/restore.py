@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.settings import Settings
-from runner.slots import slot_lock
-from runner.stamp import SlotState, read_stamp, utc_now
-from runner.workspace import Workspaces
+from runner.core.settings import Settings
+from runner.core.stamp import SlotState, read_stamp, utc_now
+from runner.slots.pool import slot_lock
+from runner.workspace.workspaces import Workspaces
 
 DEFAULT_QUEUE = "slotrunner"
 
@@ -55,7 +55,7 @@ def job_slot(settings: Settings, job_id: str) -> str | None:
     """The slot a job last held on this host, read from the event log."""
     import json
 
-    from runner import events
+    from runner.core import events
 
     found = None
     try:

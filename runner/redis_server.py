@@ -25,8 +25,8 @@ from pathlib import Path
 import redis
 from filelock import FileLock
 
-from runner.durable import replace_file
-from runner.settings import Settings
+from runner.core.durable import replace_file
+from runner.core.settings import Settings
 
 START_TIMEOUT_S = 15.0  # keep trying to start (a busy port) this long
 LAUNCH_WAIT_S = 3.0  # one launch must answer a PING within this
@@ -131,7 +131,7 @@ class EmbeddedRedis:
         """Crash the running server (SIGKILL) and start it again on the same port.
 
         With ``wipe`` its append-only file is deleted in between: Redis restarted
-        with no data, the fault every key of ``runner.keys`` must survive (I5). Its
+        with no data, the fault every key of ``runner.core.keys`` must survive (I5). Its
         clients keep their URL and reconnect. For fault injection and tests; returns
         the URL, which does not change.
         """

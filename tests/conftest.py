@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
-from runner.settings import Settings
 
 
 @pytest.fixture(scope="session")
@@ -67,13 +67,13 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
 
 def make_repo(path: Path, files: dict[str, str] | None = None) -> str:
     """A real git repository with one commit; returns the commit id."""
-    from runner.sample_repo import init_repo
+    from ops.demo.sample_repo import init_repo
 
     return init_repo(path, files or {"pkg/lock.py": "held_by = None\n", "README": "sample\n"})
 
 
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
-    from runner.stack import stack_env
+    from ops.testing.stack import stack_env
 
     return stack_env(
         os.environ,
@@ -92,7 +92,7 @@ class ToolServer:
     """A real tool server process serving one test's home."""
 
     def __init__(self, settings: Settings, log_dir: Path, **extra_env: str) -> None:
-        from runner.stack import free_port
+        from ops.testing.stack import free_port
 
         self.port = free_port()
         self.settings = settings.with_(toolserver_url=f"http://127.0.0.1:{self.port}")
@@ -106,7 +106,7 @@ class ToolServer:
         return self.settings.toolserver_url
 
     def start(self, **extra_env: str) -> None:
-        from runner.stack import start_toolserver
+        from ops.testing.stack import start_toolserver
 
         env = child_env(self.settings, **{**self.extra_env, **extra_env})
         self.child = start_toolserver(env, self.port, self.log_dir)

@@ -3,7 +3,7 @@
 Every function takes the slot directory and validated arguments and returns a small
 JSON-able result, or raises :class:`ToolFailed` (a definite failure: nothing was
 changed) or :class:`tools.paths.PathRefused`. Paths go through ``tools.paths``
-only; repository code runs only through ``tools.sandbox``.
+only; repository code runs only through ``tools.sandbox.run``.
 
 Each mutating tool also knows how to tell, from the tree alone, whether a call whose
 outcome was lost did happen (:func:`observe`): that is how an intent without an
@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.durable import replace_file
-from runner.settings import Settings
-from tools import paths, sandbox
+from runner.core.durable import replace_file
+from runner.core.settings import Settings
+from tools import paths
 from tools.reasons import Reason, ToolError
+from tools.sandbox import run as sandbox
 
 READ_MAX_BYTES = 4 * 1024 * 1024
 GIT_ENV = {

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import stamina
 
-from runner.stamp import StampError, read_stamp, utc_now
+from runner.core.stamp import StampError, read_stamp, utc_now
 from tools import classifier, registry
 from tools.classifier import Action, FailureKind
 from tools.envelope import Envelope, check
@@ -41,7 +41,7 @@ MAX_RESENDS = 3
 # Tells the server which classifier decision a resend came from (its retry metrics).
 RETRY_HEADER = "x-slotrunner-retry"
 # The calling process, on every request: the chaos campaign's fault proxy kills or
-# pauses exactly the worker child that made a call (``ops.fault_proxy``).
+# pauses exactly the worker child that made a call (``ops.testing.fault_proxy``).
 PID_HEADER = "x-slotrunner-pid"
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runner.stamp import SlotState, Stamp
+from runner.core.stamp import SlotState, Stamp
 from tools.reasons import Reason
 
 KEY_MAX_CHARS = 256

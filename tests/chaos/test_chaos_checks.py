@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ops.chaos_checks import replays_refused
-from ops.chaos_replay import Replayed
+from ops.testing.chaos.checks import replays_refused
+from ops.testing.chaos.replay import Replayed
 
 
 def _replay(status: int, error: str | None, n: int = 0) -> Replayed:
@@ -42,7 +42,7 @@ def test_a_refusal_for_another_reason_fails() -> None:
 
 
 def test_attempts_never_repeat_flags_a_reissued_number() -> None:
-    from ops.chaos_checks import attempts_never_repeat
+    from ops.testing.chaos.checks import attempts_never_repeat
 
     def started(job: str, attempt: int) -> dict[str, Any]:
         return {"event": "job_started", "job_id": job, "attempt": attempt}
@@ -60,8 +60,8 @@ def test_worktrees_check_flags_foreign_and_stale_worktrees(tmp_path: Path) -> No
     import shutil
     import subprocess
 
-    from ops.chaos_checks import worktrees
-    from runner.settings import Settings
+    from ops.testing.chaos.checks import worktrees
+    from runner.core.settings import Settings
 
     home = tmp_path / "home"
     cache = home / "repos" / "r.git"

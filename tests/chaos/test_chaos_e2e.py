@@ -1,7 +1,8 @@
 """Seeded fault campaigns on the real stack: every check passes, and a broken fence fails.
 
 Each campaign runs real Celery workers, a real tool server behind the fault proxy and
-its own embedded Redis (``ops.chaos``). Seeds 1 and 2 together plan every fault kind
+its own embedded Redis (``ops.testing.chaos.campaign``).
+Seeds 1 and 2 together plan every fault kind
 (``test_chaos_plan``); whatever the interleaving, the checks must all hold.
 """
 
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from hooks.check_apply_envelope import DISABLE_ENV
-from ops.chaos import ChaosConfig, run_campaign
-from ops.chaos_report import REPORT_JSON, REPORT_TXT
-from runner.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
+from ops.testing.chaos.campaign import ChaosConfig, run_campaign
+from ops.testing.chaos.report import REPORT_JSON, REPORT_TXT
+from runner.worker.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
 
 OWNERSHIP = ("stale_generation_apply", "cross_job_apply")
 
@@ -100,7 +101,7 @@ def test_campaign_fails_when_a_wipe_can_reissue_attempt_numbers(tmp_path: Path) 
 def chaos_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLOTRUNNER_HOME": str(tmp_path / "home")}
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", "chaos", *args],
+        [sys.executable, "-m", "runner.cli.main", "chaos", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -134,12 +135,12 @@ def test_sigterm_stops_the_campaign_and_everything_it_started(tmp_path: Path) ->
     import signal
     import time
 
-    from ops.chaos_checks import scan_processes
+    from ops.testing.chaos.checks import scan_processes
 
     env = {**os.environ, "SLOTRUNNER_HOME": str(tmp_path / "home")}
     report_dir = tmp_path / "home" / "chaos" / "5"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runner.cli", "chaos", "--seed", "5", "--jobs", "4"],
+        [sys.executable, "-m", "runner.cli.main", "chaos", "--seed", "5", "--jobs", "4"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

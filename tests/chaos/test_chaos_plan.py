@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ops import chaos_plan as cp
-from ops.chaos import _make_repo
-from ops.chaos_expect import expected_tree
-from runner.settings import Settings
+from ops.testing.chaos import plan as cp
+from ops.testing.chaos.campaign import _make_repo
+from ops.testing.chaos.expect import expected_tree
+from runner.core.settings import Settings
 from tools import registry
 
 

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from ops.fault_proxy import Call, FaultProxy, Rule
-from runner.stack import free_port
+from ops.testing.fault_proxy import Call, FaultProxy, Rule
+from ops.testing.stack import free_port
 from tools.client import PID_HEADER, ToolClient
 from tools.envelope import Envelope
 

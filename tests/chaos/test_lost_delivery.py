@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.settings import Settings
+from runner.core.settings import Settings
 from tests.runner.jobkit import FAST, gated_steps, stack, wait_until
 
 

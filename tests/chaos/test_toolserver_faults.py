@@ -10,16 +10,16 @@ from typing import Any
 import httpx
 import redis
 
-from runner.durable import FAIL_FSYNC_MARKER
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import SlotPool
-from runner.stamp import SlotState, Stamp, read_stamp
-from runner.workspace import Workspaces
+from runner.core.durable import FAIL_FSYNC_MARKER
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.core.stamp import SlotState, Stamp, read_stamp
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
 from tests.conftest import ToolServer, make_repo
 from tools.client import ToolClient, ToolResponse
 from tools.envelope import Envelope
-from tools.service import CRASH_MARKER
+from tools.server.service import CRASH_MARKER
 
 
 def leased(server: ToolServer, tmp_path: Path) -> tuple[Stamp, Path]:

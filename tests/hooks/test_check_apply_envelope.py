@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from hooks.check_apply_envelope import EXIT_CODES, check_apply_envelope, main
-from runner.stamp import SlotState, Stamp, iso, utc_now, write_stamp
+from runner.core.stamp import SlotState, Stamp, iso, utc_now, write_stamp
 from tools.reasons import Reason
-from tools.receipts import ReceiptStore, Status
+from tools.receipts.store import ReceiptStore, Status
 
 
 def leased_slot(
@@ -229,7 +229,7 @@ def test_exit_codes_cover_every_refusal_the_hook_can_give(tmp_path: Path) -> Non
     """The function and the CLI agree: main() returns the code of the function's reason."""
     slot = leased_slot(tmp_path)
     req = json.loads(request(tmp_path, generation=2).read_text())
-    from runner.stamp import read_stamp
+    from runner.core.stamp import read_stamp
 
     stamp = read_stamp(slot)
     assert stamp is not None

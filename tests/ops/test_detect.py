@@ -1,4 +1,4 @@
-"""ops.detect: the rules, the reader, the CLI, and a generated log of every incident kind."""
+"""ops.detect.detector: rules, reader, CLI, and a generated log of every incident kind."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from ops.cli import ops
-from ops.detect import (
+from ops.detect.detector import (
     DETECT_KINDS,
     Apply,
     Incident,
@@ -32,7 +32,7 @@ from ops.detect import (
     parse_line,
     read_records,
 )
-from runner import events
+from runner.core import events
 from tools.registry import MUTATING_TOOLS, TOOLS
 
 MUTATING = sorted(MUTATING_TOOLS)

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ops.fake_endpoint import FakeEndpointServer, serve
-from ops.fake_endpoint_cli import fake_endpoint
-from ops.fake_plan import FakeEndpointConfig, Fault, plan_request, request_digest
+from ops.testing.fake_endpoint.cli import fake_endpoint
+from ops.testing.fake_endpoint.plan import FakeEndpointConfig, Fault, plan_request, request_digest
+from ops.testing.fake_endpoint.server import FakeEndpointServer, serve
 
 # --- a mirror of the OpenAI chat.completion schema; extra keys are refused ----------------
 
@@ -500,11 +500,19 @@ def test_a_script_file_that_is_not_a_list_of_steps_is_refused(tmp_path: Path) ->
 
 
 def test_the_command_serves_a_script_over_http(tmp_path: Path) -> None:
-    """`python -m ops.fake_endpoint_cli --port 0 --script F` serves the script until stopped."""
+    """`python -m ops.testing.fake_endpoint.cli --port 0 --script F` serves the script."""
     path = tmp_path / "steps.json"
     path.write_text(json.dumps(SCRIPT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ops.fake_endpoint_cli", "--port", "0", "--script", str(path)],
+        [
+            sys.executable,
+            "-m",
+            "ops.testing.fake_endpoint.cli",
+            "--port",
+            "0",
+            "--script",
+            str(path),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parents[2],

@@ -1,4 +1,4 @@
-"""ops.follow, ops.page, ops.pool: live logs, rotation, restarts, paging once, the pool brake."""
+"""ops.detect.follow, ops.page, ops.pool: live logs, rotation, restarts, paging, the brake."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 
 from ops.cli import ops
-from ops.detect import Incident, Kind, Malformed
-from ops.follow import Follower
+from ops.detect.detector import Incident, Kind, Malformed
+from ops.detect.follow import Follower
 from ops.page import PageError, Pager
 from runner.redis_server import EmbeddedRedis
 from tests.ops.test_detect import REPO, lease_line, result_line

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from ops.fake_endpoint import FakeEndpointServer, serve
-from ops.fake_plan import FakeEndpointConfig
-from ops.harness import (
+from ops.testing.fake_endpoint.plan import FakeEndpointConfig
+from ops.testing.fake_endpoint.server import FakeEndpointServer, serve
+from ops.testing.harness.cli import harness
+from ops.testing.harness.loop import (
     HarnessError,
     LoadConfig,
     chat_url,
@@ -23,8 +24,7 @@ from ops.harness import (
     retry_delay_s,
     run_point,
 )
-from ops.harness_cli import harness
-from ops.harness_stats import (
+from ops.testing.harness.stats import (
     Attempt,
     Knee,
     Outcome,

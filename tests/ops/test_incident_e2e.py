@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.incident_demo import run
+from ops.demo.incident import run
 
 
 def test_unfenced_replay_is_paged_pool_stopped_and_restored(tmp_path: Path) -> None:

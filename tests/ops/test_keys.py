@@ -1,8 +1,8 @@
-"""ops.keys: the applied-key table finds every repeat, through growth and a restart."""
+"""ops.detect.keys: the applied-key table finds every repeat, through growth and a restart."""
 
 from __future__ import annotations
 
-from ops.keys import KeySet
+from ops.detect.keys import KeySet
 
 
 def test_every_repeat_is_found_as_the_table_grows() -> None:

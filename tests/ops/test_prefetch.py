@@ -1,4 +1,4 @@
-"""ops.prefetch: a second process reads a file exactly as the caller would."""
+"""ops.detect.prefetch: a second process reads a file exactly as the caller would."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import gzip
 import multiprocessing
 from pathlib import Path
 
-from ops import prefetch
-from ops.scan import Tally, read_chunks, records_of, scan_chunk
+from ops.detect import prefetch
+from ops.detect.scan import Tally, read_chunks, records_of, scan_chunk
 from tests.ops.test_detect import lease_line, synth_log
 
 

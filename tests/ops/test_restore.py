@@ -8,10 +8,10 @@ import pytest
 import redis
 
 from ops.restore import RestoreError, restore
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import SlotPool
-from runner.workspace import Workspaces
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
 from tests.conftest import make_repo
 
 

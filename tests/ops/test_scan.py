@@ -1,4 +1,4 @@
-"""ops.scan: chunked reading gives exactly what the line-by-line reference gives."""
+"""ops.detect.scan: chunked reading gives exactly what the line-by-line reference gives."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ops.records import AppliedLine, Apply, Malformed, Record
-from ops.scan import Tally, read_chunks, records_of, scan, scan_chunk
-from runner import events
+from ops.detect.records import AppliedLine, Apply, Malformed, Record
+from ops.detect.scan import Tally, read_chunks, records_of, scan, scan_chunk
+from runner.core import events
 from tests.ops.test_detect import lease_line, log_line, result_line, synth_log
 
 

@@ -1,4 +1,4 @@
-"""ops.verify: I1 and I2 over whole logs, the counts it checked, its exit codes."""
+"""ops.detect.verify: I1 and I2 over whole logs, the counts it checked, its exit codes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ops.cli import ops
-from ops.detect import Incident, Kind, Malformed
-from ops.verify import verify
-from runner import events
+from ops.detect.detector import Incident, Kind, Malformed
+from ops.detect.verify import verify
+from runner.core import events
 from tests.ops.test_detect import REPO, clean_log, lease_line, result_line, run_detect, synth_log
 from tools.registry import MUTATING_TOOLS
 

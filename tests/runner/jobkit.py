@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 
 import redis
 
-from runner.models import JobResult
-from runner.settings import Settings
-from runner.stack import Child, start_worker
-from runner.submit import wait_for
+from ops.testing.stack import Child, start_worker
+from runner.core.settings import Settings
+from runner.jobs.models import JobResult
+from runner.jobs.submit import wait_for
 from tests.conftest import ToolServer, child_env, make_repo
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class Stack:
         self.env = child_env(self.settings, **extra_env)
         self.workers: list[Child] = []
         self.redis = redis.Redis.from_url(self.settings.redis_url or "", decode_responses=True)
-        from runner.celery_app import create_app
+        from runner.worker.celery_app import create_app
 
         self.app = create_app(self.settings)
         self.repo = tmp_path / "repo"
@@ -103,7 +103,7 @@ class Stack:
         }
 
     def submit(self, job_id: str, steps: list[dict[str, Any]], **extra: Any) -> str:
-        from runner.submit import submit
+        from runner.jobs.submit import submit
 
         submit(self.app, self.redis, self.spec(job_id, steps, **extra))
         return job_id
@@ -203,7 +203,7 @@ def gated_steps(tail: bool = True) -> list[dict[str, Any]]:
 
 def run_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args],
+        [sys.executable, "-m", "runner.cli.main", *args],
         env=child_env(settings),
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from runner.admission import (
+from runner.admission.desk import (
     TRANSITIONS,
     AdmissionDesk,
     AdmissionRefused,

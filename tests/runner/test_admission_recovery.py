@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.admission import (
+from runner.admission.desk import (
     AdmissionDesk,
     AdmissionRefused,
     RefusalReason,
     StaleCompletion,
 )
-from runner.admission_witness import UNREADABLE, EpochWitness, witness_path
-from runner.durable import FAIL_FSYNC_MARKER
-from runner.job_config import JobConfig
-from runner.models import OpenAIPlanner
-from runner.planners import RECOVERY_GRACE_S, admission_desk, http_timeout_s
+from runner.admission.witness import UNREADABLE, EpochWitness, witness_path
+from runner.agent.planners import RECOVERY_GRACE_S, admission_desk, http_timeout_s
+from runner.core.durable import FAIL_FSYNC_MARKER
+from runner.core.settings import SettingsError
+from runner.jobs.config import JobConfig
+from runner.jobs.models import OpenAIPlanner
 from runner.redis_server import EmbeddedRedis
-from runner.settings import SettingsError
 from tests.runner.test_admission import FakeClock
 
 HOLD_S = 1.0  # the recovery hold of the tests that wait for its end

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import redis
 
-from runner import keys
-from runner.attempt_floor import ATTEMPTS_DIR, AttemptFloor, AttemptFloorError, floor_path
-from runner.durable import FAIL_FSYNC_MARKER
-from runner.job_config import JobConfig
-from runner.liveness import Claimed, Live, Liveness
+from runner.core import keys
+from runner.core.durable import FAIL_FSYNC_MARKER
+from runner.core.settings import Settings
+from runner.jobs.config import JobConfig
 from runner.redis_server import EmbeddedRedis, connect
-from runner.settings import Settings
+from runner.worker.attempt_floor import ATTEMPTS_DIR, AttemptFloor, AttemptFloorError, floor_path
+from runner.worker.liveness import Claimed, Live, Liveness
 
 JOB = "job-floor"
 _PROC_DEADLINE_S = 60.0

@@ -7,20 +7,20 @@ import uuid
 import pytest
 import redis
 
-from runner import keys
-from runner.backpressure import (
+from runner.core import keys
+from runner.core.settings import SettingsError
+from runner.core.stamp import Stamp, iso, utc_now
+from runner.jobs.backpressure import (
     deadline_left_s,
     reason_code,
     rejection_counts,
     slot_wait_s,
     too_late,
 )
-from runner.celery_app import broker_transport_options
-from runner.job import commit_result
-from runner.lease_keeper import renewal_due
-from runner.models import JobResult
-from runner.settings import SettingsError
-from runner.stamp import Stamp, iso, utc_now
+from runner.jobs.models import JobResult
+from runner.slots.lease_keeper import renewal_due
+from runner.worker.celery_app import broker_transport_options
+from runner.worker.job import commit_result
 
 
 def test_deadline_counts_from_submission() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner.backpressure import rejection_counts
-from runner.settings import Settings
+from runner.core.settings import Settings
+from runner.jobs.backpressure import rejection_counts
 from tests.runner.jobkit import gated_steps, run_cli, stack
 
 

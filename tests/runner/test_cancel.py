@@ -1,4 +1,4 @@
-"""runner.cancel against a real Redis: one script decides, in order with claim and commit."""
+"""runner.jobs.cancel against a real Redis: one script decides, in order with claim and commit."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import uuid
 
 import redis
 
-from runner import keys
-from runner.cancel import CancelOutcome, cancel
-from runner.job import commit_result, load_result
-from runner.job_config import JobConfig
-from runner.liveness import Claimed, Finished, Liveness
-from runner.models import JobResult
+from runner.core import keys
+from runner.jobs.cancel import CancelOutcome, cancel
+from runner.jobs.config import JobConfig
+from runner.jobs.models import JobResult
+from runner.worker.job import commit_result, load_result
+from runner.worker.liveness import Claimed, Finished, Liveness
 
 
 def queued(client: redis.Redis) -> str:

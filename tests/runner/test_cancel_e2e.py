@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runner import keys
-from runner.settings import Settings
-from runner.stamp import SlotState, read_stamp
+from runner.core import keys
+from runner.core.settings import Settings
+from runner.core.stamp import SlotState, read_stamp
 from tests.runner.jobkit import base_tree, gated_steps, run_cli, stack, wait_until
 
 

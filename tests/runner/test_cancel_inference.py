@@ -8,10 +8,10 @@ from pathlib import Path
 
 import redis
 
-from ops.fake_endpoint import serve
-from ops.fake_plan import FakeEndpointConfig, ScriptStep
-from runner.admission import AdmissionDesk
-from runner.settings import Settings
+from ops.testing.fake_endpoint.plan import FakeEndpointConfig, ScriptStep
+from ops.testing.fake_endpoint.server import serve
+from runner.admission.desk import AdmissionDesk
+from runner.core.settings import Settings
 from tests.runner.jobkit import run_cli, stack, wait_until
 
 
@@ -41,7 +41,7 @@ def test_cancel_during_inference(settings: Settings, tmp_path: Path) -> None:
             }
             spec = s.spec("infer-1", [], eval_run=eval_run)
             spec["planner"] = planner
-            from runner.submit import submit
+            from runner.jobs.submit import submit
 
             submit(s.app, s.redis, spec)
             client = redis.Redis.from_url(s.settings.redis_url or "", decode_responses=True)

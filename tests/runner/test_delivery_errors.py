@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner import keys
-from runner.attempt_floor import ATTEMPTS_DIR
-from runner.durable import FAIL_FSYNC_MARKER
-from runner.settings import Settings
+from runner.core import keys
+from runner.core.durable import FAIL_FSYNC_MARKER
+from runner.core.settings import Settings
+from runner.worker.attempt_floor import ATTEMPTS_DIR
 from tests.runner.jobkit import stack, wait_until
 
 STEPS = [{"tool": "write_file", "args": {"path": "out.txt", "content": "done\n"}}]

@@ -17,7 +17,7 @@ def run_demo(tmp_path: Path, redis_url: str, *args: str) -> subprocess.Completed
         "SLOTRUNNER_HOST_ID": f"demo-{tmp_path.name}",
     }
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", "demo", *args],
+        [sys.executable, "-m", "runner.cli.main", "demo", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.durable import (
+from runner.core.durable import (
     FAIL_FSYNC_MARKER,
     DurabilityError,
     append_record,

@@ -1,4 +1,4 @@
-"""The runner's own writes to a slot are fenced like tool calls (runner/fence.py, I1)."""
+"""The runner's own writes to a slot are fenced like tool calls (runner/slots/fence.py, I1)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner import keys
-from runner.fence import LeaseLostError, fenced
-from runner.janitor import Janitor
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import SlotPool
-from runner.stamp import SlotState, read_stamp
+from runner.core import keys
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.core.stamp import SlotState, read_stamp
+from runner.slots.fence import LeaseLostError, fenced
+from runner.slots.janitor import Janitor
+from runner.slots.pool import SlotPool
 
 # A writer that enters the fence, stops itself (as SIGSTOP stops a worker mid-recycle),
 # and, once resumed, writes into the tree it believed was still its own.
 WRITER = """
 import os, signal, sys
 from pathlib import Path
-from runner.fence import fenced
-from runner.stamp import read_stamp
+from runner.slots.fence import fenced
+from runner.core.stamp import read_stamp
 slot_dir = Path(sys.argv[1])
 stamp = read_stamp(slot_dir)
 with fenced(slot_dir, stamp, sys.argv[2], 1):

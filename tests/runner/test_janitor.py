@@ -9,8 +9,11 @@ from datetime import timedelta
 import pytest
 import redis
 
-from runner import keys
-from runner.janitor import (
+from runner.core import keys
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now
+from runner.slots.janitor import (
     JOB_FINISHED,
     LEASE_EXPIRED,
     OUTCOME_UNKNOWN,
@@ -19,12 +22,9 @@ from runner.janitor import (
     Owner,
     stale_reason,
 )
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import NoSlotFree, ReleaseRefused, SlotPool, slot_lock
-from runner.stamp import SlotState, Stamp, iso, read_stamp, utc_now
+from runner.slots.pool import NoSlotFree, ReleaseRefused, SlotPool, slot_lock
 from tools import builtin
-from tools.receipts import ReceiptStore, Status
+from tools.receipts.store import ReceiptStore, Status
 
 NOW = utc_now()
 ALIVE = Owner(current_attempt=1, live_attempt=1, finished=False)

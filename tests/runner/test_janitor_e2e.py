@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runner.settings import Settings
-from runner.stamp import SlotState, read_stamp
+from runner.core.settings import Settings
+from runner.core.stamp import SlotState, read_stamp
 from tests.runner.jobkit import FAST, run_cli, stack
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import redis
 
-from runner import keys
-from runner.celery_app import QUEUE, create_app
-from runner.models import JobResult
-from runner.settings import Settings
-from runner.stack import Child, start_worker
-from runner.submit import submit, wait_for
+from ops.testing.stack import Child, start_worker
+from runner.core import keys
+from runner.core.settings import Settings
+from runner.jobs.models import JobResult
+from runner.jobs.submit import submit, wait_for
+from runner.worker.celery_app import QUEUE, create_app
 from tests.conftest import ToolServer, child_env, make_repo
 
 PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
@@ -134,7 +134,7 @@ def run_cli(
     settings: Settings, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args],
+        [sys.executable, "-m", "runner.cli.main", *args],
         env=child_env(settings),
         input=stdin,
         capture_output=True,

@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner import keys
-from runner.job import commit_result
-from runner.job_config import JobConfig
-from runner.liveness import (
+from runner.core import keys
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.jobs.config import JobConfig
+from runner.jobs.models import JobResult
+from runner.worker.job import commit_result
+from runner.worker.liveness import (
     CANCELLED,
     SUPERSEDED,
     Claimed,
@@ -23,9 +26,6 @@ from runner.liveness import (
     Liveness,
     acquire,
 )
-from runner.logs import EventLog
-from runner.models import JobResult
-from runner.settings import Settings
 from tests.runner.jobkit import wait_until
 
 SHORT = JobConfig(heartbeat_ttl_s=0.4, heartbeat_interval_s=0.1, watchdog_poll_s=0.05)
@@ -216,7 +216,7 @@ def test_concurrent_claims_start_one_attempt(redis_client: redis.Redis) -> None:
 
 def test_job_config_validates_its_environment(tmp_path: Path) -> None:
     """Bad timing variables are refused with the variable named."""
-    from runner.settings import SettingsError
+    from runner.core.settings import SettingsError
 
     with pytest.raises(SettingsError, match="SLOTRUNNER_HEARTBEAT_TTL_S='soon'"):
         JobConfig.from_env({"SLOTRUNNER_HEARTBEAT_TTL_S": "soon"})

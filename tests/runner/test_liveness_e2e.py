@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 
-from runner.settings import Settings
-from runner.stamp import read_stamp
+from runner.core.settings import Settings
+from runner.core.stamp import read_stamp
 from tests.runner.jobkit import FAST, Stack, gated_steps, stack, wait_until
-from tools.receipts import ReceiptStore
+from tools.receipts.store import ReceiptStore
 
 
 def assert_once(s: Stack, job_id: str) -> None:

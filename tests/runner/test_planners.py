@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import redis
 
-from ops.fake_endpoint import FakeEndpointServer, serve
-from ops.fake_plan import FakeEndpointConfig, ScriptStep
-from runner.admission import AdmissionDesk
-from runner.models import OpenAIPlanner, StepRecord
-from runner.planners import ChatPlanner, PlannerError
+from ops.testing.fake_endpoint.plan import FakeEndpointConfig, ScriptStep
+from ops.testing.fake_endpoint.server import FakeEndpointServer, serve
+from runner.admission.desk import AdmissionDesk
+from runner.agent.planners import ChatPlanner, PlannerError
+from runner.jobs.models import OpenAIPlanner, StepRecord
 
 SCRIPT = (
     ScriptStep(tool="read_file", args={"path": "README"}),
@@ -161,7 +161,7 @@ def test_protocol_errors_are_counted_apart(endpoint: Any, redis_client: redis.Re
 
 def test_endpoint_down_is_a_clear_planner_error(redis_client: redis.Redis) -> None:
     """No endpoint at all: the planner gives up with a PlannerError, not a hang."""
-    from runner.stack import free_port
+    from ops.testing.stack import free_port
 
     planner, desk = make(f"http://127.0.0.1:{free_port()}/v1", redis_client)
     planner.ends_at = planner.clock() + 3

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner import keys, result_copy
-from runner.job_config import JobConfig
-from runner.liveness import Claimed, Finished, Liveness
-from runner.logs import EventLog
-from runner.models import JobResult
+from runner.core import keys
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.jobs import result_copy
+from runner.jobs.config import JobConfig
+from runner.jobs.models import JobResult
+from runner.jobs.results import finish, load_result
 from runner.redis_server import EmbeddedRedis
-from runner.results import finish, load_result
-from runner.settings import Settings
+from runner.worker.liveness import Claimed, Finished, Liveness
 
 JOB = "job-kept"
 

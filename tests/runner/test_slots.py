@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner import keys
-from runner.logs import EventLog
+from runner.core import keys
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.core.stamp import SlotState, read_stamp
 from runner.redis_server import EmbeddedRedis
-from runner.settings import Settings
-from runner.slots import NoSlotFree, ReleaseRefused, SlotPool
-from runner.stamp import SlotState, read_stamp
+from runner.slots.pool import NoSlotFree, ReleaseRefused, SlotPool
 
 
 def pool_for(settings: Settings) -> SlotPool:
@@ -40,7 +40,7 @@ def cli_lease(
         **(env_extra or {}),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "runner.cli", "slots", "lease", "--job", job, "--json"],
+        [sys.executable, "-m", "runner.cli.main", "slots", "lease", "--job", job, "--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -154,7 +154,7 @@ def test_release_cli_refuses_wrong_generation(settings: Settings) -> None:
         [
             sys.executable,
             "-m",
-            "runner.cli",
+            "runner.cli.main",
             "slots",
             "release",
             "--slot",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.workspace import Prepared, WorkspaceError, Workspaces
+from runner.workspace.workspaces import Prepared, WorkspaceError, Workspaces
 
 IDENTITY = ("-c", "user.name=Test", "-c", "user.email=test@example.com")
 

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import redis
 
-from ops.fault_proxy import FaultProxy, Rule
-from runner.logs import EventLog
-from runner.slots import SlotPool
-from runner.stamp import Stamp
-from runner.workspace import Workspaces
+from ops.testing.fault_proxy import FaultProxy, Rule
+from runner.core.logs import EventLog
+from runner.core.stamp import Stamp
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
 from tests.conftest import ToolServer, make_repo
 from tools.client import ToolClient, ToolResponse
 from tools.envelope import Envelope
-from tools.service import CRASH_ENV
+from tools.server.service import CRASH_ENV
 
 PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
 --- a/pkg/lock.py
@@ -249,7 +249,7 @@ def test_fsync_failure_poisons_the_slot_and_nothing_more_is_applied(
     is refused slot_poisoned and never runs its effect, and lookups say unknown, not 500."""
     import httpx
 
-    from runner.durable import FAIL_FSYNC_MARKER
+    from runner.core.durable import FAIL_FSYNC_MARKER
 
     stamp, slot_dir = leased(toolserver, tmp_path)
     (slot_dir / FAIL_FSYNC_MARKER).touch()

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from runner.durable import FAIL_FSYNC_MARKER
+from runner.core.durable import FAIL_FSYNC_MARKER
 from tools.reasons import Reason
-from tools.receipts import (
+from tools.receipts.store import (
     RECEIPTS_FILE,
     Begin,
     KeyBoundToOtherJob,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import sandbox
 from tools.reasons import Reason, ToolError
-from tools.sandbox import Limits, SandboxResult, SandboxUnavailable, SelfTest
+from tools.sandbox import run as sandbox
+from tools.sandbox.run import Limits, SandboxResult, SandboxUnavailable, SelfTest
 
 # An interpreter the sandbox can see (the venv and pyenv live under /tmp and /root,
 # both replaced by empty tmpfs inside).

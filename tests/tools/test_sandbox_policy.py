@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import redis
 
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import SlotPool
-from runner.workspace import Workspaces
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
 from tests.conftest import ToolServer, make_repo
 from tools.builtin import write_job
 

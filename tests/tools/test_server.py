@@ -11,11 +11,11 @@ import httpx
 import pytest
 import redis
 
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import SlotPool
-from runner.stamp import Stamp
-from runner.workspace import Workspaces
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.core.stamp import Stamp
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
 from tests.conftest import ToolServer, make_repo
 
 LOCK_PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
@@ -276,7 +276,7 @@ def test_mutating_call_without_key_is_refused(toolserver: ToolServer, slots: Slo
 
 def test_log_line_has_the_design_fields(toolserver: ToolServer, slots: Slots) -> None:
     """Every tool_result line carries exactly the fields the detector relies on."""
-    from runner import events
+    from runner.core import events
 
     a = slots.lease("job-A")
     post(

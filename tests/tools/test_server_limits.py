@@ -15,14 +15,14 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from runner.logs import EventLog
-from runner.settings import Settings
-from runner.slots import SlotPool
-from runner.stack import Child, free_port, slotrunner_argv
-from runner.workspace import Workspaces
+from ops.testing.stack import Child, free_port, slotrunner_argv
+from runner.core.logs import EventLog
+from runner.core.settings import Settings
+from runner.slots.pool import SlotPool
+from runner.workspace.workspaces import Workspaces
 from tests.conftest import ToolServer, child_env, make_repo
 from tools import registry
-from tools.server import ServerConfigError, create_app
+from tools.server.app import ServerConfigError, create_app
 
 
 def test_refuses_to_start_off_loopback_without_token(settings: Settings) -> None:
@@ -108,7 +108,7 @@ def test_saturated_server_answers_429_with_retry_after(settings: Settings, tmp_p
         tmp_path / "ts.out",
     )
     try:
-        from runner.stack import wait_http
+        from ops.testing.stack import wait_http
 
         wait_http(child, f"{settings.toolserver_url}/healthz", 30)
         repo = tmp_path / "repo"

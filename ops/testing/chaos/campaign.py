@@ -1,0 +1,308 @@
+"""A seeded end-to-end fault campaign on the real stack (``slotrunner chaos``).
+
+One run: a plan from the seed (``ops.testing.chaos.plan``) -> a scratch home with its own
+Redis, tool server, fault proxy and Celery workers (``ops.testing.chaos.stack``) -> the
+jobs are submitted and the faults injected as their calls pass (``ops.testing.chaos.faults``)
+-> every job's result is awaited, the slots are left to settle (the janitor swept,
+bounded) -> the stack is stopped -> the checks (``ops.testing.chaos.checks``) -> a report
+(``ops.testing.chaos.report``). The run passes only when every check does; what the faults
+did is in the report either way, and the scratch home (with its log) is kept beside
+it for the post-mortem.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ops.testing.chaos import checks
+from ops.testing.chaos import plan as cp
+from ops.testing.chaos.expect import ExpectError, expected_tree
+from ops.testing.chaos.faults import Injector
+from ops.testing.chaos.report import ChaosReport, write_report
+from ops.testing.chaos.stack import VISIBILITY_S, ChaosStack, LogTail, wait_until
+from ops.testing.stack import StackError
+from runner.jobs.models import JobResult
+from runner.jobs.submit import submit
+from runner.worker.job import load_result
+from tools.builtin import GIT_ENV
+
+HOME_MARK = ".chaos-home"  # only a directory carrying this is ever wiped by a rerun
+SETTLE_S = 30.0  # longest wait for the slots to come back after the last result
+LEAK_WAIT_S = 15.0
+Say = Callable[[str], None]
+
+
+class ChaosError(RuntimeError):
+    """The campaign could not run (a bad report dir, a stack that did not start)."""
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int
+    jobs: int
+    report_dir: Path
+    workers: int = 2
+    slots: int = 4
+    kinds: tuple[str, ...] = cp.KINDS
+    timeout_s: float | None = None  # for all results; default 120 s + 20 s a job
+    # Test only: extra environment of the tool server (the fence's off switch) and of
+    # the workers (the attempt floor's).
+    toolserver_env: Mapping[str, str] = field(default_factory=dict)
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
+    plan = cp.make_plan(config.seed, config.jobs, config.kinds, visibility_s=VISIBILITY_S)
+    home = _fresh_home(config.report_dir)
+    repo = config.report_dir / "repo"
+    base = _make_repo(repo)
+    started = time.monotonic()
+    try:
+        stack = ChaosStack(
+            home,
+            host=f"chaos-{config.seed}",
+            slots=config.slots,
+            workers=config.workers,
+            toolserver_env=config.toolserver_env,
+            worker_env=config.worker_env,
+        )
+    except Exception as exc:
+        raise ChaosError(f"the embedded Redis did not start: {exc}") from exc
+    injector = Injector(plan, stack, started)
+    results: dict[str, JobResult] = {}
+    specs = {job.job_id: _spec(job, repo, base, config.seed) for job in plan.jobs}
+    collect = _Collector(stack, injector, plan, results, say)
+    injector.on_wipe = partial(_wipe, stack, specs, collect, say)
+    try:
+        try:
+            stack.start()
+        except StackError as exc:
+            raise ChaosError(str(exc)) from exc
+        say(f"stack up in {time.monotonic() - started:.1f}s; submitting {len(plan.jobs)} jobs")
+        injector.arm()
+        for job in plan.jobs:
+            submit(stack.app, stack.redis, specs[job.job_id])
+            injector.before_start(job.job_id)
+        timeout_s = config.timeout_s or 120.0 + 20.0 * len(plan.jobs)
+        _await(stack, collect, plan, results, timeout_s)
+        injector.all_finished.set()
+        injector.settle()
+        _settle_slots(stack)
+    finally:
+        stack.stop()
+    duration_s = time.monotonic() - started
+    leftover = wait_until(lambda: not checks.scan_processes(home), LEAK_WAIT_S)
+    found = [] if leftover else checks.scan_processes(home)
+    say("stack stopped; checking")
+    report = _report(config, plan, stack, injector, results, found, repo, base, duration_s)
+    write_report(report, config.report_dir)
+    return report
+
+
+class _Collector:
+    """Move committed results from Redis into the campaign's own record, once each.
+
+    Called from the await loop and, just before a Redis wipe, from the proxy thread
+    running that fault: what the campaign holds survives the wipe, what Redis held
+    does not.
+    """
+
+    def __init__(
+        self,
+        stack: ChaosStack,
+        injector: Injector,
+        plan: cp.Plan,
+        results: dict[str, JobResult],
+        say: Say,
+    ) -> None:
+        self.stack, self.injector, self.plan = stack, injector, plan
+        self.results, self.say = results, say
+        self.lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.collect_locked()
+
+    def collect_locked(self) -> None:
+        for job in self.plan.jobs:
+            if job.job_id in self.results:
+                continue
+            found = load_result(self.stack.redis, job.job_id)
+            if found is not None:
+                self.results[job.job_id] = found
+                self.injector.job_finished(job.job_id)
+                self.say(f"{len(self.results)}/{len(self.plan.jobs)} {job.job_id} {found.state}")
+
+
+def _wipe(
+    stack: ChaosStack,
+    specs: Mapping[str, dict[str, Any]],
+    collect: _Collector,
+    say: Say,
+    restart: Callable[[], None],
+) -> None:
+    """Collect, ``restart`` Redis empty, then submit again every job without a result.
+
+    The queue, the specs and the results are gone; a job still running in a worker
+    is fenced by the empty attempt counter at its next step (its number is never
+    reissued: the host's attempt floor), so resubmitting it starts the next attempt.
+    The collector's lock is held throughout, so the await loop never reads the
+    server while it is down.
+    """
+    with collect.lock:
+        collect.collect_locked()
+        restart()
+        missing = [job_id for job_id in specs if job_id not in collect.results]
+        for job_id in missing:
+            submit(stack.app, stack.redis, specs[job_id])
+    say(f"Redis restarted empty: resubmitted {len(missing)} jobs without a result")
+
+
+def _await(
+    stack: ChaosStack,
+    collect: _Collector,
+    plan: cp.Plan,
+    results: dict[str, JobResult],
+    timeout_s: float,
+) -> None:
+    give_up = time.monotonic() + timeout_s
+    while len(results) < len(plan.jobs) and time.monotonic() < give_up:
+        collect()
+        if stack.restart_errors:
+            return  # the tool server is gone for good: nothing more will finish
+        time.sleep(0.2)
+
+
+def _settle_slots(stack: ChaosStack) -> None:
+    """Sweep until every slot is idle or poisoned (dead attempts' slots reclaimed)."""
+    from runner.core.logs import EventLog
+    from runner.slots.janitor import Janitor
+    from runner.slots.pool import SlotPool
+
+    settings = stack.settings
+    log = EventLog(settings)
+    pool = SlotPool(settings, stack.redis, log)
+    janitor = Janitor(settings, stack.redis, log, pool)
+
+    def settled() -> bool:
+        janitor.sweep(lock_timeout_s=1.0)
+        return checks.slots_settled(settings).ok
+
+    wait_until(settled, SETTLE_S, poll_s=0.5)
+
+
+def _report(
+    config: ChaosConfig,
+    plan: cp.Plan,
+    stack: ChaosStack,
+    injector: Injector,
+    results: dict[str, JobResult],
+    found: list[str],
+    repo: Path,
+    base: str,
+    duration_s: float,
+) -> ChaosReport:
+    events = LogTail(stack.settings.log_path).poll()
+    env = {**stack.env, "SLOTRUNNER_HOME": str(stack.home)}
+    verify = checks.ops_tool("verify", stack.settings.log_path, env)
+    detect = checks.ops_tool("detect", stack.settings.log_path, env)
+    expected, notes = {}, []
+    for job in plan.jobs:
+        result = results.get(job.job_id)
+        if result is not None and result.state == "succeeded":
+            try:
+                expected[job.job_id] = expected_tree(repo, base, job.steps, stack.settings)
+            except ExpectError as exc:
+                notes.append(f"{job.job_id}: {exc}")
+    duplicates = max(
+        int(verify.data.get("counts", {}).get("duplicate_apply", 0)),
+        int(detect.data.get("counts", {}).get("duplicate_apply", 0)),
+    )
+    notes.append(
+        "admission desk: not used (scripted planners make no inference requests); its "
+        "recovery after a Redis wipe is tested in tests/runner/test_admission_recovery.py"
+    )
+    notes += [f"worker restarted after it exited: {why}" for why in stack.worker_restarts]
+    return ChaosReport(
+        seed=config.seed,
+        jobs=len(plan.jobs),
+        workers=config.workers,
+        kinds=[k for k in cp.KINDS if k in config.kinds],
+        planned=[{**f.__dict__, "job_id": plan.jobs[f.job].job_id} for f in plan.faults],
+        fired=[f.to_json() for f in injector.fired],
+        states=dict(Counter(r.state for r in results.values())),
+        checks=[
+            verify,
+            detect,
+            checks.terminal_states([j.job_id for j in plan.jobs], results),
+            checks.one_commit(events),
+            checks.attempts_never_repeat(events),
+            checks.slots_settled(stack.settings),
+            checks.worktrees(stack.settings),
+            checks.poisoned_stay_out(stack.settings, events, injector.fsync_slots),
+            checks.generations_grow(events, stack.settings),
+            checks.final_trees(results, expected),
+            checks.replays_refused(injector.replays),
+            checks.supervisor(len(stack.restarts), stack.restart_errors),
+            checks.leaks(found),
+        ],
+        duplicate_applies=duplicates,
+        duration_s=duration_s,
+        report_dir=str(config.report_dir),
+        toolserver_restarts=len(stack.restarts),
+        worker_restarts=list(stack.worker_restarts),
+        notes=notes,
+    )
+
+
+def _spec(job: cp.JobPlan, repo: Path, base: str, seed: int) -> dict[str, Any]:
+    import sys
+
+    return {
+        "job_id": job.job_id,
+        "eval_run": f"chaos-{seed}",
+        "repo": str(repo),
+        "base": base,
+        "test_command": job.test_command(sys.executable),
+        "test_timeout_s": 60,
+        "deadline_s": 900,
+        "planner": {"kind": "scripted", "steps": list(job.steps)},
+    }
+
+
+def _fresh_home(report_dir: Path) -> Path:
+    home = report_dir / "home"
+    if home.exists():
+        if not (home / HOME_MARK).is_file():
+            raise ChaosError(f"{home} exists and is not a chaos scratch home: not touching it")
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    (home / HOME_MARK).write_text("scratch home of a slotrunner chaos run; wiped by the next\n")
+    return home
+
+
+def _make_repo(path: Path) -> str:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    for name, content in cp.BASE_FILES.items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+    env = {**os.environ, **GIT_ENV}
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run(["git", *argv], cwd=path, env=env, check=True, capture_output=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=path, env=env, check=True, capture_output=True, text=True
+    )
+    return head.stdout.strip()

@@ -1,0 +1,68 @@
+"""What a job's tree must be when no fault touched it: its steps, applied once, to its base.
+
+The steps run through the same ``tools.builtin`` functions the tool server runs, in
+a plain clone of the base in a temporary directory, with no envelope, receipt or
+network in the way. The tree id is taken the way a job's end snapshot takes it
+(``runner.workspace.workspaces``): everything in the work tree, untracked files included,
+through a temporary index, with the host's global excludes switched off.
+``run_tests`` is skipped: the campaign's test command only reads the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from runner.core.settings import Settings
+from tools import builtin, registry
+
+_GIT_CONFIG = ("-c", f"core.excludesFile={os.devnull}", "-c", "core.autocrlf=false")
+
+
+class ExpectError(RuntimeError):
+    """A job's steps do not apply to its base even without faults (a campaign bug)."""
+
+
+def _git(work: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        ["git", *_GIT_CONFIG, *args],
+        cwd=work,
+        env={**os.environ, **builtin.GIT_ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise ExpectError(f"git {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def expected_tree(
+    repo: Path, base: str, steps: Sequence[dict[str, Any]], settings: Settings
+) -> str:
+    """The tree id of ``steps`` applied once to ``base`` of ``repo``."""
+    with tempfile.TemporaryDirectory(prefix="slotrunner-chaos-expect-") as tmp:
+        slot = Path(tmp) / "slot"
+        work = slot / "work"
+        slot.mkdir()
+        _git(slot, "clone", "-q", "--no-checkout", str(repo), str(work))
+        _git(work, "checkout", "-q", "--detach", base)
+        ctx = builtin.Context(slot, settings)
+        for number, step in enumerate(steps):
+            tool = str(step["tool"])
+            spec = registry.get(tool)
+            if spec is None or not spec.mutating or tool == "run_tests":
+                continue
+            args = spec.args_model.model_validate(step.get("args") or {})
+            try:
+                getattr(builtin, tool)(ctx, args)
+            except Exception as exc:
+                raise ExpectError(f"step {number} {tool} fails without faults: {exc}") from exc
+        index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        _git(work, "add", "--all", env=index)
+        return _git(work, "write-tree", env=index)

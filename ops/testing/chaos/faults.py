@@ -1,0 +1,313 @@
+"""The chaos campaign's hands: turn each planned fault into the real thing, and log it.
+
+Faults bound to a tool call are :class:`ops.testing.fault_proxy.Rule` s matching that job's
+step (``kill_*``, ``http_429``, ``lose_response``) or hooks run by the proxy when the
+step's call passes through it:
+
+* ``storm_429`` arms a rule that answers the next N calls of *any* job with 429;
+* ``server_crash`` writes ``tools.server.service.CRASH_MARKER`` naming the call's key: the
+  tool server SIGKILLs itself after that call's effect, before its outcome; the
+  stack's supervisor restarts it;
+* ``pause`` SIGSTOPs the caller's whole worker until the job's slot was reclaimed
+  from the paused attempt (polled, bounded), then SIGCONTs it and lets the call go
+  on (to be refused as stale);
+* ``cancel_storm`` cancels the job several times while the call is in flight;
+* ``fsync_eio`` puts ``.fail-fsync`` in the slot for exactly that call;
+* ``redis_wipe`` restarts the stack's Redis with no data while the call waits: writes
+  are paused first so the campaign can collect every result already committed (a
+  commit in flight blocks, then meets the empty server and is fenced), the server is
+  SIGKILLed, its AOF deleted, and it comes back on the same port; the campaign then
+  resubmits every job without a result, since the queue, specs and results are gone.
+
+``replay_stale`` runs after its job finished: the step's recorded request is POSTed
+straight to the tool server with its old envelope and a fresh key, once the slot was
+leased again (seed 004's buffered apply). ``slow_redelivery`` is a job whose tests
+outlive the broker's visibility timeout; it fired when the log shows a watchdog copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from ops.testing.chaos import plan as cp
+from ops.testing.chaos.replay import Replayed, replay_step
+from ops.testing.chaos.stack import ChaosStack, wait_until
+from ops.testing.fault_proxy import Call, Fault, Rule
+from runner.core.durable import FAIL_FSYNC_MARKER
+from runner.jobs.cancel import cancel
+from tools import registry
+from tools.server.service import CRASH_MARKER
+
+PAUSE_MAX_S = 45.0  # a paused worker is resumed after this even without a takeover
+WIPE_PAUSE_MS = 10_000  # writes are held this long at most while results are collected
+_RULE_FAULT: dict[str, Fault] = {
+    cp.KILL_BEFORE_SEND: "kill_before_send",
+    cp.KILL_BEFORE_REPLY: "kill_before_reply",
+    cp.KILL_AFTER_REPLY: "kill_after_reply",
+    cp.HTTP_429: "status_429",
+    cp.LOSE_RESPONSE: "lose_response",
+}
+
+
+@dataclass
+class Fired:
+    fault_id: int
+    kind: str
+    job_id: str
+    step: int
+    tool: str
+    at_s: float  # since the campaign started
+    attempt: int | None = None
+    detail: str = ""
+    skipped: bool = False  # met, but not injected (the detail says why)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Injector:
+    def __init__(self, plan: cp.Plan, stack: ChaosStack, started: float) -> None:
+        self.plan = plan
+        self.stack = stack
+        self.started = started  # monotonic
+        self.started_wall = time.time() - (time.monotonic() - started)
+        self.fired: list[Fired] = []
+        self.replays: list[Replayed] = []
+        self.fsync_slots: set[str] = set()  # slots whose receipt fsync was made to fail
+        self.all_finished = threading.Event()
+        # Set by the campaign: runs the restart it is given between collecting the
+        # committed results and resubmitting the jobs that have none.
+        self.on_wipe: Callable[[Callable[[], None]], None] = lambda restart: restart()
+        self.wipes = 0
+        self._by_rule: dict[int, cp.FaultPlan] = {}
+        self._lock = threading.Lock()
+        self._pausing = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        stack.proxy.on_fire = self._on_fire
+
+    def job_id(self, fault: cp.FaultPlan) -> str:
+        return self.plan.jobs[fault.job].job_id
+
+    # -- arming -------------------------------------------------------------------
+
+    def arm(self) -> None:
+        for fault in self.plan.faults:
+            if fault.step < 0 or fault.kind in (cp.SLOW_REDELIVERY, cp.REPLAY_STALE):
+                continue
+            rule = self._rule(fault)
+            self._by_rule[id(rule)] = fault
+            self.stack.proxy.add(rule)
+
+    def _rule(self, f: cp.FaultPlan) -> Rule:
+        spec = registry.get(f.tool)
+        key = f":s{f.step}:" if spec is not None and spec.mutating else None
+        where: dict[str, Any] = {
+            "path_prefix": f"/v1/tools/{f.tool}",
+            "envelope": {"job_id": self.job_id(f), "tool": f.tool},
+            "key_contains": key,
+        }
+        if f.kind in _RULE_FAULT:
+            times = int(f.params.get("times", 1))
+            retry_after_s = int(f.params.get("retry_after_s", 1))
+            return Rule(_RULE_FAULT[f.kind], times=times, retry_after_s=retry_after_s, **where)
+        hooks = {
+            cp.STORM_429: self._storm,
+            cp.SERVER_CRASH: self._crash,
+            cp.PAUSE: self._pause,
+            cp.CANCEL_STORM: self._cancel_call,
+            cp.FSYNC_EIO: self._fsync_on,
+            cp.REDIS_WIPE: self._wipe,
+        }
+        after = partial(self._fsync_off, f) if f.kind == cp.FSYNC_EIO else None
+        return Rule("hook", before=partial(hooks[f.kind], f), after=after, **where)
+
+    # -- records --------------------------------------------------------------------
+
+    def _now_s(self) -> float:
+        return round(time.monotonic() - self.started, 3)
+
+    def _on_fire(self, rule: Rule, call: Call) -> None:
+        fault = self._by_rule.get(id(rule))
+        if fault is None or (rule.fired > 1):
+            return  # a storm's own 429s, or a repeat of a multi-shot rule
+        attempt = call.envelope.get("attempt")
+        self._record(fault, attempt=attempt if isinstance(attempt, int) else None)
+
+    def _record(self, fault: cp.FaultPlan, **fields: Any) -> Fired:
+        with self._lock:
+            fired = Fired(
+                fault.fault_id,
+                fault.kind,
+                self.job_id(fault),
+                fault.step,
+                fault.tool,
+                self._now_s(),
+                **fields,
+            )
+            self.fired.append(fired)
+            return fired
+
+    def _note(self, fault: cp.FaultPlan, detail: str, *, skipped: bool = False) -> None:
+        with self._lock:
+            for fired in self.fired:
+                if fired.fault_id == fault.fault_id:
+                    fired.detail = "; ".join(filter(None, [fired.detail, detail]))
+                    fired.skipped = fired.skipped or skipped
+                    return
+        self._record(fault, detail=detail, skipped=skipped)
+
+    # -- hooks run by the proxy -------------------------------------------------------
+
+    def _storm(self, fault: cp.FaultPlan, call: Call) -> None:
+        times = int(fault.params["times"])
+        self.stack.proxy.add(Rule("status_429", "/v1/tools/", times=times, retry_after_s=1))
+        self._note(fault, f"the next {times} tool calls of any job answered 429")
+
+    def _crash(self, fault: cp.FaultPlan, call: Call) -> None:
+        marker = self.stack.home / CRASH_MARKER
+        if marker.exists():
+            self._note(fault, "another crash was still armed", skipped=True)
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(call.key)
+        os.replace(tmp, marker)  # never seen half-written (an empty marker matches any call)
+        self._note(fault, f"armed for {call.key}")
+
+    def _pause(self, fault: cp.FaultPlan, call: Call) -> None:
+        pid = call.caller_pid
+        group = self.stack.worker_group(pid) if pid is not None else None
+        if group is None:
+            self._note(fault, f"caller pid {pid} is not a worker child", skipped=True)
+            return
+        if not self._pausing.acquire(blocking=False):
+            self._note(fault, "another worker was paused already", skipped=True)
+            return
+        job_id, attempt = call.envelope.get("job_id"), call.envelope.get("attempt")
+        took = None
+        paused = time.monotonic()
+        try:
+            os.killpg(group, signal.SIGSTOP)
+            took = wait_until(
+                lambda: self.stack.log.find("slot_reclaimed", job_id=job_id, attempt=attempt),
+                PAUSE_MAX_S,
+            )
+        except ProcessLookupError:
+            pass  # the worker is gone (killed by another fault): nothing to pause
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGCONT)
+            self._pausing.release()
+        held = time.monotonic() - paused
+        how = "its slot was reclaimed" if took else "no takeover came"
+        self._note(fault, f"worker group {group} stopped {held:.1f}s: {how}")
+
+    def _cancel_call(self, fault: cp.FaultPlan, call: Call) -> None:
+        self.cancel_storm(fault)
+
+    def cancel_storm(self, fault: cp.FaultPlan) -> None:
+        outcomes = [
+            cancel(self.stack.redis, self.job_id(fault)).outcome.value
+            for _ in range(int(fault.params.get("repeats", 2)))
+        ]
+        self._note(fault, "cancel -> " + ", ".join(outcomes))
+
+    def _fsync_marker(self, call: Call) -> Any:
+        return self.stack.settings.slots_dir / str(call.envelope.get("slot_id")) / FAIL_FSYNC_MARKER
+
+    def _fsync_on(self, fault: cp.FaultPlan, call: Call) -> None:
+        self._fsync_marker(call).touch()
+        self.fsync_slots.add(str(call.envelope.get("slot_id")))
+        self._note(fault, f"every fsync in slot {call.envelope.get('slot_id')} fails")
+
+    def _fsync_off(self, fault: cp.FaultPlan, call: Call, status: int) -> None:
+        self._fsync_marker(call).unlink(missing_ok=True)
+        self._note(fault, f"the server answered {status}")
+
+    def _wipe(self, fault: cp.FaultPlan, call: Call) -> None:
+        # A WRITE pause still serves reads: the results committed so far are read in
+        # full, and a commit racing the wipe waits, then runs on the empty server.
+        self.stack.redis.client_pause(WIPE_PAUSE_MS, all=False)
+        seen: dict[str, float] = {}
+
+        def restart() -> None:
+            seen["keys"] = self.stack.redis.dbsize()
+            down = time.monotonic()
+            self.stack.redis_server.restart(wipe=True)
+            seen["down_s"] = time.monotonic() - down
+
+        self.on_wipe(restart)
+        self.wipes += 1
+        self._note(
+            fault,
+            f"Redis restarted empty ({seen.get('keys', -1):.0f} keys lost, "
+            f"down {seen.get('down_s', 0.0):.2f}s); jobs without a result resubmitted",
+        )
+
+    # -- faults run by the campaign -------------------------------------------------
+
+    def before_start(self, job_id: str) -> None:
+        for fault in self.plan.faults:
+            if fault.step < 0 and self.job_id(fault) == job_id:
+                self._record(fault)
+                self.cancel_storm(fault)
+
+    def job_finished(self, job_id: str) -> None:
+        for fault in self.plan.faults:
+            if fault.kind == cp.REPLAY_STALE and self.job_id(fault) == job_id:
+                thread = threading.Thread(target=self._replay, args=(fault,), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _replay(self, fault: cp.FaultPlan) -> None:
+        done = replay_step(self.stack, self.job_id(fault), fault.step, self.all_finished)
+        if done is None:
+            self._note(fault, "the step never applied: nothing to replay", skipped=True)
+            return
+        self.replays.append(done)
+        fired = self._record(fault, attempt=done.attempt)
+        fired.detail = done.describe()
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Join the replays; resolve what only the log can say (redelivery, crashes)."""
+        give_up = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(timeout=max(0.1, give_up - time.monotonic()))
+        marker = self.stack.home / CRASH_MARKER
+        for rule in self.stack.proxy.rules:
+            fault = self._by_rule.get(id(rule))
+            if fault is not None and rule.fired > 1:
+                self._note(fault, f"fired {rule.fired} times")
+        for fault in self.plan.faults:
+            if fault.kind == cp.SLOW_REDELIVERY:
+                watch = self.stack.log.find("job_watchdog", job_id=self.job_id(fault))
+                if watch:
+                    at_s = _wall_s(str(watch[0].get("ts", ""))) - self.started_wall
+                    fired = self._record(fault, attempt=watch[0].get("attempt"))
+                    fired.at_s = round(at_s, 3)
+                    watched = sorted({int(w.get("attempt", 0)) for w in watch})
+                    fired.detail = f"{len(watch)} watchdog copies while attempt(s) {watched} ran"
+                else:
+                    self._note(fault, "no copy was redelivered while it ran", skipped=True)
+        armed = [f for f in self.fired if f.kind == cp.SERVER_CRASH and not f.skipped]
+        if armed and marker.exists():
+            marker.unlink(missing_ok=True)
+            for fired in armed[-1:]:
+                fired.skipped = True
+                fired.detail += "; the armed call never reached its effect"
+
+
+def _wall_s(ts: str) -> float:
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

@@ -1,0 +1,406 @@
+"""The admission desk: a bounded, generation-counted lease per inference request.
+
+One desk per eval-run, in Redis, shared by every worker of the run (DESIGN §6, I6,
+I7). A worker acquires a lease before it sends an inference request; at most
+``bound`` leases are held at once, and work that cannot be held is refused and
+counted. A completion is applied to the planner only through :meth:`apply`, which
+commits it iff its lease is still live and no other completion holds its step. A
+local timeout calls :meth:`expire`, which fences the late body without returning
+the capacity: the request may still be running in the backend. Capacity comes
+back only on :meth:`release`, exactly once per lease. The lease state machine is
+``runner/admission/table.py``; the scripts that apply it, ``runner/admission/lua.py``.
+
+Redis keys (``E`` is the eval-run; the ``{E}`` hash tag keeps one desk in one
+cluster slot, so every script touches a single slot):
+
+    admission:{E}:desk       HASH  bound, epoch, in_flight, generation, ticket,
+                                   created_ms and recovering_until_ms (server clock),
+                                   and the counters acquired, refused, expired,
+                                   cancelled, released, stale_completion,
+                                   duplicate_completion, double_release,
+                                   stale_release, adopted, underflow_prevented,
+                                   recoveries
+    admission:{E}:leases     HASH  lease id -> JSON {state, generation, step, epoch};
+                                   released leases stay, so a second release is
+                                   recognised as one
+    admission:{E}:committed  HASH  step -> lease id of the one completion committed
+    admission:{E}:waiting    ZSET  "<expiry_ms>:<lease id>" scored by arrival ticket:
+                                   the bounded FIFO of callers waiting for capacity
+
+Redis restarted empty (or the desk's keys lost): the next call re-creates the desk
+with a new random ``epoch``, and ``in_flight`` is rebuilt from the lease records
+that survive (none after a full loss), never carried over or guessed. Every lease
+carries the epoch it was granted in, so a lease from the lost incarnation is
+*foreign*: its completion is stale (its commit record is gone, so nothing could
+prove it is the only one), its release never decrements (it was never counted in
+this epoch, so ``in_flight`` cannot go negative), and its expire or cancel *adopts*
+it, counting it again until its release, because its request is still out.
+
+Requests of the lost epoch may still be running, and until their holders call
+again nothing counts them, so the desk fails closed: it grants nothing during a
+*recovery hold* of ``recovery_hold_s`` after it was re-created (``recovering_until_ms``,
+server clock; ``recoveries`` counts the losses seen), long enough for every such
+request to end. Callers that may wait keep waiting, up to their deadline; callers
+that may not are refused ``recovering``. Expire and cancel still adopt, apply is
+still stale, release still never decrements; after the hold, capacity is the bound
+less the adopted leases. A call brings the hold when its caller has *evidence* that
+a desk existed before: an epoch it saw that is not the current one, remembered by
+the :class:`AdmissionDesk` object and, given ``home``, by the host's witness file
+(``runner/admission/witness.py``), which a fresh process after the wipe reads. A
+caller without evidence (first use of the eval-run) creates the desk without a hold.
+Evidence that arrives after a caller without any re-created the desk starts the hold
+then, from the desk's creation; leases granted before it stay granted. That is the
+limit left: the witness is per host, so a host that never used the eval-run, calling
+first after a loss, can be granted leases until any caller with evidence calls. A
+lease whose epoch the host cannot witness (the file cannot be made durable) is given
+back at once and refused ``no_witness``: a fresh process after a wipe would not know.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from runner.admission.lua import ACQUIRE_LUA, GIVE_UP_LUA, TRANSITION_LUA
+from runner.admission.table import (
+    TRANSITIONS,
+    LeaseState,
+    Op,
+    Result,
+    Transition,
+    transition,
+)
+from runner.admission.witness import UNREADABLE, EpochWitness
+
+__all__ = [
+    "DEFAULT_RECOVERY_HOLD_S",
+    "TRANSITIONS",
+    "AdmissionDesk",
+    "AdmissionError",
+    "AdmissionRefused",
+    "DeskKeys",
+    "DeskMismatch",
+    "Lease",
+    "LeaseState",
+    "Op",
+    "RefusalReason",
+    "Result",
+    "StaleCompletion",
+    "Transition",
+    "transition",
+]
+
+DEFAULT_MAX_WAITING = 64
+DEFAULT_POLL_S = 0.05
+# A waiter's queue entry outlives its own deadline by this much before another
+# caller may drop it as abandoned (its process died while waiting).
+WAITER_GRACE_S = 5.0
+# How long a re-created desk grants nothing when the caller does not say: the chat
+# planner's HTTP timeout at its default request timeout (20 x 60 s, runner/agent/planners.py)
+# and a minute. Callers that know how long their requests can run pass their own.
+DEFAULT_RECOVERY_HOLD_S = 1260.0
+
+_EVAL_RUN = re.compile(r"[^\s{}]{1,200}")
+
+
+class RefusalReason(StrEnum):
+    BOUND = "bound"  # at the bound and the caller may not wait
+    QUEUE_FULL = "queue_full"  # at the bound and max_waiting callers already wait
+    DEADLINE = "deadline"  # waited until the deadline without getting capacity
+    RECOVERING = "recovering"  # the desk was lost and re-created: no grant until the hold ends
+    NO_WITNESS = "no_witness"  # this host cannot record the epoch it was granted in
+
+
+class AdmissionError(Exception):
+    """Base of the admission desk's errors."""
+
+
+class AdmissionRefused(AdmissionError):
+    """No capacity could be held for this request: it must not be sent."""
+
+    def __init__(self, reason: RefusalReason, eval_run: str) -> None:
+        super().__init__(f"admission refused for eval-run {eval_run!r}: {reason.value}")
+        self.reason = reason
+
+
+class StaleCompletion(AdmissionError):
+    """A completion whose lease is no longer live: its text must not be applied."""
+
+    def __init__(self, reason: LeaseState, lease: Lease) -> None:
+        super().__init__(
+            f"stale completion for step {lease.step} (lease {lease.lease_id}, "
+            f"generation {lease.generation}): lease is {reason.value}"
+        )
+        self.reason = reason
+        self.lease = lease
+
+
+class DeskMismatch(AdmissionError):
+    """The eval-run's desk exists with another bound than this caller's."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    generation: int
+    step: int
+    epoch: str
+
+
+@dataclass(frozen=True)
+class DeskKeys:
+    desk: str
+    leases: str
+    committed: str
+    waiting: str
+
+    @classmethod
+    def of(cls, eval_run: str) -> DeskKeys:
+        base = f"admission:{{{eval_run}}}"
+        return cls(f"{base}:desk", f"{base}:leases", f"{base}:committed", f"{base}:waiting")
+
+
+# The desk's counts: the fixed fields, then every counter the transition table names.
+_STAT_FIELDS = (
+    *("bound", "in_flight", "generation", "acquired", "refused"),
+    *("duplicate_completion", "underflow_prevented", "recoveries"),
+    *sorted({tr.counter for tr in TRANSITIONS.values() if tr.counter}),
+)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class AdmissionDesk:
+    """The admission desk of one eval-run (see the module docstring).
+
+    ``home`` (``$SLOTRUNNER_HOME``) enables the host's witness file; without it only
+    this object remembers the epochs it saw. ``recovery_hold_s`` should be the longest
+    a request of this caller can stay in the backend after it was sent.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        eval_run: str,
+        bound: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+        poll_s: float = DEFAULT_POLL_S,
+        home: Path | None = None,
+        recovery_hold_s: float = DEFAULT_RECOVERY_HOLD_S,
+    ) -> None:
+        if not isinstance(eval_run, str) or not _EVAL_RUN.fullmatch(eval_run):
+            problem = "must be 1-200 characters without whitespace or braces"
+            raise ValueError(f"eval_run {problem}, got {eval_run!r}")
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+            raise ValueError(f"bound must be an integer >= 1, got {bound!r}")
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+        if not (math.isfinite(poll_s) and poll_s > 0):
+            raise ValueError(f"poll_s must be a positive number, got {poll_s!r}")
+        if not (math.isfinite(recovery_hold_s) and recovery_hold_s >= 0):
+            raise ValueError(f"recovery_hold_s must be a number >= 0, got {recovery_hold_s!r}")
+        self.eval_run = eval_run
+        self.bound = bound
+        self.max_waiting = max_waiting
+        self.recovery_hold_s = recovery_hold_s
+        self.keys = DeskKeys.of(eval_run)
+        self.witness = EpochWitness(home, eval_run) if home is not None else None
+        self._redis = redis_client
+        self._clock = clock
+        self._sleep = sleep
+        self._poll_s = poll_s
+        self._hold_ms = math.ceil(recovery_hold_s * 1000)
+        self._seen_epoch: str | None = None  # the desk's epoch at this object's last call
+        self._witnessed: str | None = None  # the epoch the witness file is known to hold
+        self._acquire_script = redis_client.register_script(ACQUIRE_LUA)
+        self._give_up_script = redis_client.register_script(GIVE_UP_LUA)
+        self._transition_script = redis_client.register_script(TRANSITION_LUA)
+
+    def acquire(self, step: int, deadline_s: float) -> Lease:
+        """Hold capacity for one request of planner ``step``, waiting up to ``deadline_s``.
+
+        Raises :class:`AdmissionRefused` (counted as ``refused``) when the bound is
+        reached or the desk is in its recovery hold and the caller may not wait
+        (``deadline_s == 0``), when ``max_waiting`` callers already wait in the run's
+        shared queue (the limit is this caller's; the queue is everyone's), when the
+        deadline passes, or when the host's witness file cannot record the epoch of
+        the lease (``no_witness``: the lease is released at once).
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        if not (math.isfinite(deadline_s) and deadline_s >= 0):
+            raise ValueError(f"deadline_s must be a finite number >= 0, got {deadline_s!r}")
+        lease_id = uuid.uuid4().hex
+        wait_ttl_ms = math.ceil((deadline_s + WAITER_GRACE_S) * 1000) if deadline_s > 0 else 0
+        end_s = self._clock() + deadline_s
+        waiter = ""
+        try:
+            while True:
+                reply = [
+                    _text(v)
+                    for v in self._acquire_script(
+                        keys=[self.keys.desk, self.keys.leases, self.keys.waiting],
+                        args=[
+                            *self._desk_args(),
+                            lease_id,
+                            step,
+                            waiter,
+                            self.max_waiting,
+                            wait_ttl_ms,
+                        ],
+                    )
+                ]
+                witnessed = self._saw(reply[-1])
+                if reply[0] == "granted":
+                    waiter = ""
+                    lease = Lease(lease_id, int(reply[1]), step, reply[2])
+                    if not witnessed:
+                        self._refuse_unwitnessed(lease)
+                    return lease
+                if reply[0] == "mismatch":
+                    raise DeskMismatch(
+                        f"eval-run {self.eval_run!r} has an admission desk with bound "
+                        f"{reply[1]}, this worker was configured with {self.bound}"
+                    )
+                if reply[0] == "refused":
+                    waiter = ""
+                    raise AdmissionRefused(RefusalReason(reply[1]), self.eval_run)
+                waiter = reply[1]
+                remaining_s = end_s - self._clock()
+                if remaining_s <= 0:
+                    self._give_up(waiter)
+                    waiter = ""
+                    raise AdmissionRefused(RefusalReason.DEADLINE, self.eval_run)
+                self._sleep(min(self._poll_s, remaining_s))
+        except BaseException:
+            if waiter:  # interrupted while queued: leave the queue, count the refusal
+                # If Redis is unreachable, the entry expires on its own after its deadline.
+                with contextlib.suppress(redis.RedisError):
+                    self._give_up(waiter)
+            raise
+
+    def expire(self, lease: Lease) -> bool:
+        """The local timeout fired: fence the late completion, keep the capacity counted."""
+        return self._transition(Op.EXPIRE, lease)[0] == Result.CHANGED
+
+    def cancel(self, lease: Lease) -> bool:
+        """The answer is no longer wanted; capacity stays counted until :meth:`release`."""
+        return self._transition(Op.CANCEL, lease)[0] == Result.CHANGED
+
+    def apply(self, lease: Lease) -> bool:
+        """True when this completion commits its step; False when the step was committed.
+
+        Raises :class:`StaleCompletion` (counted as ``stale_completion``) when the
+        lease is not live: expired, cancelled, released, unknown or of a lost epoch.
+        """
+        result, state = self._transition(Op.APPLY, lease)
+        if result == Result.STALE:
+            raise StaleCompletion(state, lease)
+        return result == Result.COMMIT
+
+    def release(self, lease: Lease) -> bool:
+        """Return the lease's capacity: True once per lease, False (counted) after that."""
+        return self._transition(Op.RELEASE, lease)[0] == Result.CHANGED
+
+    def committed_lease(self, step: int) -> str | None:
+        """The lease id whose completion committed ``step``, if any."""
+        value = self._redis.hget(self.keys.committed, str(step))
+        return None if value is None else _text(value)
+
+    def epoch(self) -> str | None:
+        """The desk's current epoch (None before first use)."""
+        value = self._redis.hget(self.keys.desk, "epoch")
+        return None if value is None else _text(value)
+
+    def stats(self) -> dict[str, int]:
+        """The desk's counts, read in one transaction (zeros before first use);
+        ``recovery_hold_left_ms`` is what is left of a recovery hold (server clock)."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.desk)
+        pipe.zcard(self.keys.waiting)
+        pipe.hlen(self.keys.committed)
+        pipe.time()
+        desk, waiting, committed, (now_s, now_us) = pipe.execute()
+        fields = {_text(k): _text(v) for k, v in desk.items()}
+        stats = {name: int(fields.get(name, 0)) for name in _STAT_FIELDS}
+        stats["bound"] = int(fields.get("bound", self.bound))
+        stats["waiting"] = int(waiting)
+        stats["committed"] = int(committed)
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
+        hold_until_ms = int(fields.get("recovering_until_ms", 0))
+        stats["recovery_hold_left_ms"] = max(0, hold_until_ms - now_ms)
+        return stats
+
+    def _desk_args(self) -> list[str | int]:
+        """bound, new_epoch, seen_epoch, hold_ms: what every script takes first."""
+        return [self.bound, uuid.uuid4().hex, self._evidence(), self._hold_ms]
+
+    def _evidence(self) -> str:
+        """An epoch of this desk seen before ('' when none): a sign a desk existed."""
+        if self._seen_epoch is not None:
+            return self._seen_epoch
+        if self.witness is None:
+            return ""
+        recorded = self.witness.read()
+        if recorded is not None and recorded != UNREADABLE:
+            self._witnessed = recorded
+        return recorded or ""
+
+    def _saw(self, epoch: str) -> bool:
+        """Remember the desk's epoch, and record it in the witness file when it is new
+        there; False when that record failed (it is tried again at the next call)."""
+        self._seen_epoch = epoch
+        if self.witness is None or epoch == self._witnessed:
+            return True
+        try:
+            self.witness.record(epoch)
+        except (OSError, ValueError):
+            return False
+        self._witnessed = epoch
+        return True
+
+    def _refuse_unwitnessed(self, lease: Lease) -> None:
+        """A lease this host could not witness: after a Redis loss a fresh process here
+        would not know the desk existed, so the lease is not used."""
+        self.release(lease)
+        self._give_up("")
+        raise AdmissionRefused(RefusalReason.NO_WITNESS, self.eval_run)
+
+    def _give_up(self, waiter: str) -> None:
+        epoch = self._give_up_script(
+            keys=[self.keys.desk, self.keys.leases, self.keys.waiting],
+            args=[*self._desk_args(), waiter],
+        )
+        self._saw(_text(epoch))
+
+    def _transition(self, op: Op, lease: Lease) -> tuple[Result, LeaseState]:
+        if not isinstance(lease, Lease):
+            raise TypeError(f"expected a Lease, got {type(lease).__name__}")
+        reply = self._transition_script(
+            keys=[self.keys.desk, self.keys.leases, self.keys.committed],
+            args=[
+                *self._desk_args(),
+                op.value,
+                lease.lease_id,
+                str(lease.generation),
+                str(lease.step),
+                lease.epoch,
+            ],
+        )
+        self._saw(_text(reply[2]))
+        return Result(_text(reply[0])), LeaseState(_text(reply[1]))

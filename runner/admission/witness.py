@@ -1,0 +1,84 @@
+"""This host's witness of an eval-run's admission desk: the last epoch it saw, on disk.
+
+Redis restarted empty forgets the desk and its epoch with everything else. A process
+that starts afterwards would take the re-created desk for a first use and grant
+leases next to requests of the lost epoch that are still running in the backend.
+The witness file survives the wipe, so the epoch it holds is evidence that a desk
+existed before, and the re-created desk starts in its recovery hold
+(``runner/admission/desk.py``).
+
+Layout, inside ``$SLOTRUNNER_HOME``::
+
+    admission/<blake2b-128 of the eval-run, hex>.json   {"eval_run": E, "epoch": "<hex>"}
+
+The file name is a hash, so no eval-run name (they may hold ``/`` or ``..``) can
+leave the directory. A file that exists but cannot be read, parsed, or names another
+eval-run reads as :data:`UNREADABLE`, which is evidence too: fail closed, because
+reading it as "no desk before" is exactly the fail-open the hold prevents. The next
+epoch recorded replaces it. Files are never pruned: deleting one reopens the hole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from pathlib import Path
+
+from runner.core.durable import ensure_dir, replace_file
+
+WITNESS_DIR = "admission"
+# Evidence of a desk whose epoch cannot be told; never equal to a real epoch.
+UNREADABLE = "unreadable-witness"
+
+_EPOCH = re.compile(r"[0-9a-f]{1,64}")
+# replace_file's temp name is per process: threads of one process take turns.
+_WRITING = threading.Lock()
+
+
+def witness_path(home: Path, eval_run: str) -> Path:
+    """``$SLOTRUNNER_HOME/admission/<hash>.json`` for ``eval_run``: always in that directory."""
+    digest = hashlib.blake2b(eval_run.encode("utf-8", "surrogatepass"), digest_size=16)
+    return home / WITNESS_DIR / f"{digest.hexdigest()}.json"
+
+
+class EpochWitness:
+    """The witness file of one eval-run on this host."""
+
+    def __init__(self, home: Path, eval_run: str) -> None:
+        self.eval_run = eval_run
+        self.path = witness_path(home, eval_run)
+
+    def read(self) -> str | None:
+        """The epoch last recorded; None when this host never recorded one;
+        :data:`UNREADABLE` when the file is there but says nothing usable."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return UNREADABLE
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return UNREADABLE
+        if not isinstance(record, dict) or record.get("eval_run") != self.eval_run:
+            return UNREADABLE
+        epoch = record.get("epoch")
+        if not isinstance(epoch, str) or not _EPOCH.fullmatch(epoch):
+            return UNREADABLE
+        return epoch
+
+    def record(self, epoch: str) -> None:
+        """Make ``epoch`` the recorded one, durably.
+
+        Raises ``OSError`` (``DurabilityError`` for a failed fsync): what the file then
+        holds is unknown, and the caller must not count on it.
+        """
+        if not _EPOCH.fullmatch(epoch):
+            raise ValueError(f"not a desk epoch: {epoch!r}")
+        data = json.dumps({"eval_run": self.eval_run, "epoch": epoch}).encode() + b"\n"
+        with _WRITING:
+            ensure_dir(self.path.parent)
+            replace_file(self.path, data)

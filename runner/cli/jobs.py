@@ -1,0 +1,60 @@
+"""``slotrunner cancel``: ask a job to stop, and say what happened."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from runner.cli.common import CliError, emit_json, friendly, load_settings
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print what happened as one JSON object.")
+@friendly
+def cancel(job_id: str, as_json: bool) -> None:
+    """Cancel JOB_ID: a queued job ends 'cancelled' at once, without a slot; a running
+    one stops before its next step (its current tool call finishes), releases its
+    slot and ends 'cancelled'. Repeating it is harmless.
+
+    Prints one of: cancel requested, cancelled before it started, already finished:
+    <state>, unknown job. Exit 0, or 2 for an unknown job.
+    """
+    from runner.core import events
+    from runner.core.logs import EventLog
+    from runner.jobs import events as job_events
+    from runner.jobs.cancel import CancelOutcome
+    from runner.jobs.cancel import cancel as request_cancel
+    from runner.jobs.models import JOB_ID_RE
+    from runner.redis_server import connect
+
+    if not JOB_ID_RE.match(job_id):
+        raise CliError(f"{job_id!r} is not a job id (letters, digits, '.', '_' or '-')")
+    settings = load_settings()
+    report = request_cancel(connect(settings), job_id)
+    if report.outcome in (CancelOutcome.CANCEL_REQUESTED, CancelOutcome.CANCELLED):
+        log = EventLog(settings)
+        log.emit(
+            job_events.JOB_CANCEL_REQUESTED,
+            job_id=job_id,
+            outcome=report.outcome.value,
+            repeated=report.repeated,
+        )
+        if report.outcome == CancelOutcome.CANCELLED:
+            log.emit(
+                events.JOB_FINISHED,
+                job_id=job_id,
+                attempt=0,
+                state="cancelled",
+                committed=True,
+                reason="cancelled before it started",
+            )
+    if as_json:
+        emit_json(report.as_dict())
+        if report.outcome == CancelOutcome.UNKNOWN_JOB:
+            sys.exit(2)
+        return
+    if report.outcome == CancelOutcome.UNKNOWN_JOB:
+        raise CliError(f"unknown job {job_id!r}: no job of that id is known to this Redis")
+    click.echo(report.message())

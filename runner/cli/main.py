@@ -1,0 +1,236 @@
+"""``slotrunner``: one command, many verbs. Errors are one clear line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from runner.cli.common import CliError, emit_json, err_console, friendly, load_settings
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="slotrunner")
+def main() -> None:
+    """Run LLM-agent jobs on Celery in generation-stamped workspace slots.
+
+    Settings come from the environment: REDIS_URL (default: an embedded Redis under
+    $SLOTRUNNER_HOME), SLOTRUNNER_HOME (default ./.slotrunner), SLOTRUNNER_SLOTS,
+    SLOTRUNNER_TOOLSERVER_URL, SLOTRUNNER_LEASE_TTL_S, SLOTRUNNER_TOKEN,
+    SLOTRUNNER_SANDBOX (required|auto|off).
+    """
+
+
+@main.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--wait", is_flag=True, help="Wait for the job(s) to finish and print the result.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="With --wait: give up after this many seconds.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly
+def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
+    """Validate SPEC_FILE (a job spec, or a list of them; - for stdin) and enqueue it.
+
+    Nothing is enqueued unless every spec in the file is valid.
+    """
+    from runner.jobs.submit import SpecError, parse_spec, wait_for
+    from runner.jobs.submit import submit as enqueue
+    from runner.redis_server import connect
+    from runner.worker.celery_app import create_app
+
+    try:
+        text = sys.stdin.read() if spec_file == "-" else Path(spec_file).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {spec_file}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{spec_file} is not JSON: {exc}") from None
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        raise CliError(f"{spec_file} holds no job spec")
+    specs = []
+    for number, item in enumerate(items, 1):
+        try:
+            specs.append(parse_spec(item))
+        except SpecError as exc:
+            where = f" (spec {number})" if len(items) > 1 else ""
+            raise CliError(f"{exc}{where}; nothing was enqueued") from None
+    settings = load_settings()
+    app = create_app(settings)
+    client = connect(settings)
+    jobs = [enqueue(app, client, spec) for spec in specs]
+    ids = [job.job_id for job in jobs if job.job_id]
+    if not wait:
+        if as_json:
+            emit_json({"job_ids": ids})
+        else:
+            for job_id in ids:
+                click.echo(job_id)
+        return
+    results = wait_for(client, ids, timeout_s)
+    if as_json:
+        emit_json(
+            [
+                results[i].model_dump() if i in results else {"job_id": i, "state": "pending"}
+                for i in ids
+            ]
+        )
+    else:
+        for job_id in ids:
+            state = results[job_id].state if job_id in results else "still running"
+            click.echo(f"{job_id}\t{state}")
+    if len(results) < len(ids):
+        raise CliError(f"{len(ids) - len(results)} job(s) did not finish within {timeout_s:g}s")
+    if any(r.state != "succeeded" for r in results.values()):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
+@friendly
+def result(job_id: str, as_json: bool) -> None:
+    """Show a job's result. Exit 0 succeeded, 1 another end state, 3 not finished."""
+    from runner.core import keys
+    from runner.redis_server import connect
+    from runner.worker.job import load_result
+
+    client = connect(load_settings())
+    found = load_result(client, job_id)
+    if found is None:
+        raw = client.get(keys.job_state(job_id))
+        state = raw.decode() if isinstance(raw, bytes) else raw
+        if state is None:
+            raise CliError(f"no job {job_id!r} is known to this Redis")
+        if as_json:
+            emit_json({"job_id": job_id, "state": state})
+        else:
+            click.echo(f"{job_id}: {state}")
+        sys.exit(3)
+    if as_json:
+        emit_json(found.model_dump())
+    else:
+        c = found.counts
+        click.echo(
+            f"{found.job_id}: {found.state} (attempt {found.attempt}, slot {found.slot_id}"
+            f" generation {found.generation})"
+        )
+        if found.reason:
+            click.echo(f"  reason: {found.reason}")
+        if found.state == "rejected":
+            from runner.jobs.backpressure import rejection_counts
+
+            counts = ", ".join(f"{k} {v}" for k, v in rejection_counts(client).items())
+            click.echo(f"  jobs rejected so far on this Redis: {counts}")
+        click.echo(f"  final_tree {found.final_tree}")
+        click.echo(
+            f"  tool calls {c.tool_calls}, retries {c.retries}, stale rejects "
+            f"{c.stale_rejects}, replayed {c.replayed}, receipts {c.receipts}"
+        )
+    sys.exit(0 if found.state == "succeeded" else 1)
+
+
+@main.command()
+@click.option("--concurrency", type=int, default=2, show_default=True, help="Worker processes.")
+@click.option(
+    "--pool",
+    type=click.Choice(["prefork", "solo", "threads"]),
+    default="prefork",
+    show_default=True,
+)
+@click.option("--loglevel", default="WARNING", show_default=True)
+@click.option("--hostname", default=None, help="Celery node name (default: slotrunner@<host>).")
+@friendly
+def worker(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> None:
+    """Run a Celery worker that executes agent jobs on this host's slots."""
+    from runner.redis_server import connect
+    from runner.worker.celery_app import QUEUE, create_app
+    from runner.worker.preflight import check_redis
+
+    settings = load_settings()
+    for warning in check_redis(connect(settings)):
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    app = create_app(settings)
+    argv = [
+        "worker",
+        "-Q",
+        QUEUE,
+        "--concurrency",
+        str(concurrency),
+        "--pool",
+        pool,
+        "--loglevel",
+        loglevel,
+        "--without-mingle",
+        "--without-gossip",
+        "-n",
+        hostname or f"slotrunner-{settings.host}@%h",
+    ]
+    app.worker_main(argv)
+
+
+@main.command()
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; off loopback SLOTRUNNER_TOKEN is required.",
+)
+@click.option(
+    "--port", type=int, default=None, help="Port (default: from SLOTRUNNER_TOOLSERVER_URL)."
+)
+@click.option(
+    "--max-concurrent",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Executions at once; beyond that, 429 with Retry-After.",
+)
+@friendly
+def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
+    """Serve this host's slots to the workers over HTTP."""
+    from urllib.parse import urlparse
+
+    from tools.server.app import ServerConfigError, serve
+
+    settings = load_settings()
+    port = port or urlparse(settings.toolserver_url).port or 8765
+    try:
+        serve(settings, host=host, port=port, max_concurrent=max_concurrent)
+    except ServerConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _mount() -> None:
+    from ops.cli import ops
+    from ops.demo.demo import demo
+    from ops.testing.chaos.cli import chaos
+    from ops.testing.fake_endpoint.cli import fake_endpoint
+    from ops.testing.harness.cli import harness
+    from runner.cli.jobs import cancel
+    from runner.cli.slots import slots
+    from runner.cli.tools import tools
+
+    main.add_command(cancel)
+    main.add_command(slots)
+    main.add_command(tools)
+    main.add_command(ops)
+    main.add_command(demo)
+    main.add_command(chaos)
+    main.add_command(fake_endpoint)
+    main.add_command(harness)
+
+
+_mount()
+
+if __name__ == "__main__":
+    main()

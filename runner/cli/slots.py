@@ -1,0 +1,145 @@
+"""``slotrunner slots list|lease|release``: the operator's view of the slot pool."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from runner.cli.common import emit_json, friendly, load_settings
+from runner.core.settings import Settings
+from runner.core.stamp import Stamp, utc_now
+from runner.slots.pool import SlotPool
+
+
+def _pool() -> tuple[Settings, SlotPool]:
+    from runner.core.logs import EventLog
+    from runner.redis_server import connect
+
+    settings = load_settings()
+    return settings, SlotPool(settings, connect(settings), EventLog(settings))
+
+
+def _age(stamp: Stamp, now: datetime) -> str:
+    if not stamp.leased_at:
+        return "-"
+    seconds = (now - datetime.fromisoformat(stamp.leased_at)).total_seconds()
+    return f"{seconds:.0f}s"
+
+
+@click.group()
+def slots() -> None:
+    """Inspect, lease and release this host's workspace slots."""
+
+
+@slots.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of stamps.")
+@click.option("--watch", is_flag=True, help="Refresh the table until Ctrl-C.")
+@click.option(
+    "--interval",
+    "interval_s",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="With --watch: seconds between refreshes.",
+)
+@friendly
+def list_slots(as_json: bool, watch: bool, interval_s: float) -> None:
+    """Every slot with its generation, holder, state, age and lease expiry."""
+    _, pool = _pool()
+    pool.ensure_layout()
+    if as_json:
+        emit_json([s.model_dump() for s in pool.list()])
+        return
+    if not watch:
+        Console().print(_table(pool.list()))
+        return
+    import time
+
+    from rich.live import Live
+
+    with Live(_table(pool.list()), refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval_s)
+                live.update(_table(pool.list()))
+        except KeyboardInterrupt:
+            pass
+
+
+def _table(stamps: list[Stamp]) -> Table:
+    now = utc_now()
+    table = Table(
+        "slot",
+        "generation",
+        "job",
+        "attempt",
+        "state",
+        "age",
+        "lease expires",
+        caption=f"{now:%H:%M:%S} UTC",
+    )
+    for s in stamps:
+        table.add_row(
+            s.slot_id,
+            str(s.generation),
+            s.job_id or "-",
+            str(s.attempt) if s.attempt else "-",
+            s.state.value + (f" ({s.reason})" if s.reason else ""),
+            _age(s, now),
+            s.lease_expires_at or "-",
+        )
+    return table
+
+
+@slots.command("lease")
+@click.option("--job", "job_id", required=True, help="The job that takes the slot.")
+@click.option("--attempt", type=int, default=1, show_default=True)
+@click.option("--repo", default=None, help="Prepare the work tree from this repository.")
+@click.option("--base", default="HEAD", show_default=True, help="With --repo: the commit-ish.")
+@click.option("--wait", "wait_s", type=float, default=0.0, help="Seconds to wait for a free slot.")
+@click.option("--json", "as_json", is_flag=True, help="Print the stamp as JSON.")
+@friendly
+def lease(
+    job_id: str, attempt: int, repo: str | None, base: str, wait_s: float, as_json: bool
+) -> None:
+    """Lease a free slot to a job (and, with --repo, take its start snapshot)."""
+    from runner.jobs.models import JOB_ID_RE
+    from runner.workspace.workspaces import Workspaces
+
+    if not JOB_ID_RE.match(job_id):
+        raise click.BadParameter("letters, digits, '.', '_' or '-' only", param_hint="--job")
+    settings, pool = _pool()
+    stamp = pool.lease(job_id, attempt, wait_s=wait_s)
+    extra = {}
+    if repo:
+        try:
+            prepared = Workspaces(settings.home).prepare(
+                settings.slots_dir / stamp.slot_id, repo, base, job_id
+            )
+        except Exception:
+            pool.release(stamp.slot_id, job_id, stamp.generation)
+            raise
+        extra = {"start_tree": prepared.start_tree, "base_commit": prepared.base_commit}
+    if as_json:
+        emit_json({**stamp.model_dump(), **extra})
+    else:
+        click.echo(f"{stamp.slot_id} generation {stamp.generation} leased to {job_id}")
+
+
+@slots.command("release")
+@click.option("--slot", "slot_id", required=True)
+@click.option("--job", "job_id", required=True)
+@click.option("--generation", type=int, required=True)
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def release(slot_id: str, job_id: str, generation: int, as_json: bool) -> None:
+    """Return a slot to the pool; refused unless it is leased to JOB at GENERATION."""
+    _, pool = _pool()
+    stamp = pool.release(slot_id, job_id, generation)
+    if as_json:
+        emit_json(stamp.model_dump())
+    else:
+        click.echo(f"{slot_id} released (generation {stamp.generation})")

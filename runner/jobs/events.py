@@ -1,0 +1,32 @@
+"""Log event names of job liveness, cancellation and the janitor.
+
+They extend ``runner.core.events`` (whose names the detector relies on); none of these is
+read by ``ops.detect.detector``, which judges applies against ``slot_leased``/``slot_released``
+alone. ``slot_reclaimed``, ``receipt_resolved`` and ``slot_poisoned`` are reused from
+``runner.core.events``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# a delivery found a live attempt and watches it instead of starting a second copy:
+# job_id, attempt (the live one), pid
+JOB_WATCHDOG: Final = "job_watchdog"
+# a watched attempt's heartbeat went stale and this delivery took over:
+# job_id, attempt (the new one), stale_attempt
+JOB_TAKEOVER: Final = "job_takeover"
+# a delivery found the job's result already committed: job_id, state
+JOB_ALREADY_FINISHED: Final = "job_already_finished"
+# an attempt learnt a newer attempt fenced it and stopped: job_id, attempt, current
+JOB_SUPERSEDED: Final = "job_superseded"
+# `slotrunner cancel` recorded a request: job_id, outcome, repeated
+JOB_CANCEL_REQUESTED: Final = "job_cancel_requested"
+# a running job saw its cancel between steps and marked its slot:
+# slot_id, generation, job_id, attempt
+SLOT_CANCEL_REQUESTED: Final = "slot_cancel_requested"
+# the heartbeat thread hit an error (a Redis blip, a lease renewal that failed);
+# the next tick tries again: job_id, attempt, where, error
+JOB_HEARTBEAT_ERROR: Final = "job_heartbeat_error"
+# a janitor sweep failed as a whole (a Redis blip); the next sweep tries again: error
+JANITOR_ERROR: Final = "janitor_error"

@@ -1,0 +1,68 @@
+"""Enqueue jobs: a validating convenience over plain Celery."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Celery
+from pydantic import ValidationError
+
+from runner.core import keys
+from runner.jobs.models import JobResult, JobSpec
+from runner.worker.celery_app import QUEUE, TASK_NAME
+from runner.worker.job import load_result
+
+
+class SpecError(ValueError):
+    """A job spec that cannot run; the message names the fields."""
+
+
+def parse_spec(data: Any) -> JobSpec:
+    try:
+        return JobSpec.model_validate(data).with_job_id()
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors()[:8]:
+            where = ".".join(str(p) for p in err["loc"]) or "spec"
+            problems.append(f"{where}: {err['msg']}")
+        raise SpecError("invalid job spec: " + "; ".join(problems)) from None
+
+
+def submit(app: Celery, client: redis.Redis, spec: JobSpec | dict[str, Any]) -> JobSpec:
+    """Validate, record and enqueue one job; returns the spec with its job id."""
+    job = spec if isinstance(spec, JobSpec) else parse_spec(spec)
+    job = job.with_job_id()
+    assert job.job_id is not None
+    payload = job.model_dump(mode="json")
+    client.set(keys.job_spec(job.job_id), json.dumps(payload))
+    client.set(keys.job_state(job.job_id), "queued")
+    client.zadd(keys.JOBS, {job.job_id: time.time()})
+    app.send_task(TASK_NAME, args=[payload], queue=QUEUE)
+    return job
+
+
+def wait_for(
+    client: redis.Redis,
+    job_ids: list[str],
+    timeout_s: float,
+    on_progress: Callable[[dict[str, JobResult]], None] | None = None,
+    poll_s: float = 0.2,
+) -> dict[str, JobResult]:
+    """Results of the given jobs, as they come in, until all are done or time runs out."""
+    done: dict[str, JobResult] = {}
+    give_up = time.monotonic() + timeout_s
+    while len(done) < len(job_ids) and time.monotonic() < give_up:
+        for job_id in job_ids:
+            if job_id not in done:
+                result = load_result(client, job_id)
+                if result is not None:
+                    done[job_id] = result
+        if on_progress is not None:
+            on_progress(done)
+        if len(done) < len(job_ids):
+            time.sleep(poll_s)
+    return done

@@ -1,0 +1,85 @@
+"""The Celery app factory. Nothing connects at import time.
+
+Acks late and reject-on-worker-lost, so a job whose worker dies is redelivered;
+prefetch 1, so a worker never sits on jobs it cannot start. Redelivery is harmless:
+a copy that finds the job's attempt alive watches it instead of starting a second
+one, and every new attempt fences the older ones (``runner.worker.liveness``). So the
+broker's visibility timeout can be minutes, not hours, and a job whose whole worker
+died resumes within visibility timeout + heartbeat TTL.
+
+Environment read here (the factory is an edge, like ``Settings.from_env``):
+
+    SLOTRUNNER_VISIBILITY_TIMEOUT_S    300  kombu's visibility timeout (Redis broker)
+    SLOTRUNNER_TEST_UNACKED_RESTORE_S  -    test only: kombu's unacked_restore_interval
+                                            (with unacked_restore_throttle 1), so a
+                                            short visibility timeout redelivers quickly
+    plus the job timing knobs of ``runner.jobs.config``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+
+from runner.core.settings import Settings
+from runner.jobs.config import JobConfig, seconds
+from runner.redis_server import resolve_url
+
+QUEUE = "slotrunner"
+TASK_NAME = "slotrunner.run_agent_job"
+VISIBILITY_TIMEOUT_S = 300.0
+
+
+def broker_transport_options(env: Mapping[str, str]) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "visibility_timeout": seconds(env, "SLOTRUNNER_VISIBILITY_TIMEOUT_S", VISIBILITY_TIMEOUT_S)
+    }
+    restore_s = env.get("SLOTRUNNER_TEST_UNACKED_RESTORE_S")
+    if restore_s:
+        options["unacked_restore_interval"] = seconds(
+            env, "SLOTRUNNER_TEST_UNACKED_RESTORE_S", 10.0
+        )
+        options["unacked_restore_throttle"] = 1
+    return options
+
+
+def create_app(
+    settings: Settings,
+    *,
+    redis_url: str | None = None,
+    broker_options: dict[str, Any] | None = None,
+    job_config: JobConfig | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Celery:
+    env = os.environ if env is None else env
+    url = redis_url or resolve_url(settings)
+    app = Celery("slotrunner", broker=url, set_as_current=True)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=QUEUE,
+        task_ignore_result=True,  # results live under slotrunner:job:{id}:result
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        # A lost broker connection leaves running jobs running: their messages stay
+        # unacked and come back after the visibility timeout as copies that find the
+        # live heartbeat and only watch it (runner/worker/liveness.py). Killing them would
+        # throw work away for a blip. Said explicitly: Celery warns when it is unset.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        broker_transport_options={**broker_transport_options(env), **(broker_options or {})},
+    )
+    app.slotrunner_settings = settings
+    app.slotrunner_redis_url = url
+    app.slotrunner_job_config = job_config or JobConfig.from_env(env)
+    # Importing the module registers the task with this app (shared_task) and the
+    # worker signal hooks (the janitor thread).
+    import runner.worker.tasks  # noqa: F401
+
+    return app

@@ -1,0 +1,83 @@
+"""Celery tasks: thin adapters around ``runner.worker.job``.
+
+Enqueue with plain Celery (``run_agent_job.delay(spec_dict)``) from any client whose
+app came from ``runner.worker.celery_app.create_app``; ``runner.jobs.submit`` validates first.
+
+Every delivery is safe to run: ``runner.worker.job.run_job`` claims an attempt, watches a
+live one, or returns a committed result (``runner.worker.liveness``). The worker's parent
+process runs the janitor (``runner.slots.janitor``) every ``janitor_interval_s``, from
+``worker_ready`` until ``worker_shutdown`` (``hooks.celery_hooks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from celery import Task, shared_task
+from celery.exceptions import Reject
+
+import hooks.celery_hooks  # noqa: F401  (connects the worker signal hooks: the janitor)
+from runner.core import keys
+from runner.core.settings import Settings
+from runner.jobs.config import JobConfig
+from runner.jobs.models import JobResult, JobSpec
+from runner.jobs.results import finish
+from runner.worker.celery_app import TASK_NAME
+from runner.worker.job import context_for, run_job
+
+
+@shared_task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]
+def run_agent_job(self: Task, spec: dict[str, Any]) -> dict[str, Any]:
+    app = self.app
+    settings = app.slotrunner_settings
+    config = getattr(app, "slotrunner_job_config", None) or JobConfig()
+    job = JobSpec.model_validate(spec)
+    try:
+        ctx = context_for(settings, config)
+        result = run_job(job, ctx, worker=self.request.hostname)
+        finished = bool(ctx.redis.exists(keys.job_result(result.job_id)))
+    except Exception as exc:
+        # Outside the job's own handling: Redis unreachable past the client's retries,
+        # a slot stamp or attempt floor that cannot be made durable. Acking would lose
+        # the job (no result, no queued copy), so retry the delivery with backoff; the
+        # next one claims a new attempt, or watches a live one. Past the budget the job
+        # fails with the error as its reason.
+        retries = int(self.request.retries or 0)
+        if retries < config.delivery_retries:
+            countdown = min(config.delivery_retry_s * 2**retries, 60.0)
+            raise self.retry(
+                exc=exc, countdown=countdown, max_retries=config.delivery_retries
+            ) from exc
+        give_up(settings, config, job, exc, retries)
+        raise
+    if not finished:
+        # This delivery ends with the job unfinished (a newer attempt superseded it).
+        # Its ack would also delete the broker's record of the copy running that newer
+        # attempt: kombu keys unacked deliveries by tag, and a copy restored after the
+        # visibility timeout keeps its tag. Should that copy's worker then die, nothing
+        # would be left to redeliver (chaos seed 15). Requeue instead: the copy watches
+        # the live attempt, and takes over if it dies.
+        raise Reject("superseded: the job is still running elsewhere", requeue=True)
+    return {"job_id": result.job_id, "state": result.state, "attempt": result.attempt}
+
+
+def give_up(
+    settings: Settings, config: JobConfig, job: JobSpec, exc: Exception, retries: int
+) -> None:
+    """Fail the job after its last retry, unless an attempt still runs or it finished."""
+    job = job.with_job_id()
+    assert job.job_id is not None
+    with contextlib.suppress(Exception):  # Redis may be the very thing that is gone
+        ctx = context_for(settings, config)
+        if ctx.redis.exists(keys.job_heartbeat(job.job_id)):
+            return  # a live attempt will commit its own result
+        current = int(ctx.redis.get(keys.job_attempt(job.job_id)) or 0)
+        reason = (
+            f"internal error in {retries + 1} deliveries, the last: {type(exc).__name__}: {exc}"
+        )
+        finish(
+            ctx.redis,
+            ctx.log,
+            JobResult(job_id=job.job_id, state="failed", attempt=current, reason=reason[:1000]),
+        )

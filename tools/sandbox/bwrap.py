@@ -1,0 +1,119 @@
+"""The host's bubblewrap: where it is, the host root it re-binds, and proof it confines.
+
+:func:`self_test` runs a probe under the bwrap found, once per process and bwrap
+path, and checks from the host's side that no write escaped and the network stayed
+unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+from tools.sandbox.policy import Limits, SelfTest, bwrap_argv, sandbox_env
+from tools.sandbox.process import execute
+
+
+def root_entries() -> dict[str, str | None]:
+    """Each name in the host's ``/`` with its symlink target (None: a directory or file)."""
+    entries: dict[str, str | None] = {}
+    for entry in os.scandir("/"):
+        entries[entry.name] = os.readlink(entry.path) if entry.is_symlink() else None
+    return entries
+
+
+def find_bwrap(path_env: str | None = None) -> str | None:
+    """The absolute path of ``bwrap`` on ``path_env`` (default: this process's PATH)."""
+    found = shutil.which("bwrap", path=path_env)
+    return str(Path(found).absolute()) if found else None
+
+
+_PROBE = """\
+import json, socket, sys
+port, targets, report = int(sys.argv[1]), sys.argv[2:], {"escaped": []}
+with open("probe-ok", "w") as f:
+    f.write("ok")
+for target in targets:
+    try:
+        open(target, "w").close()
+    except OSError:
+        continue
+    report["escaped"].append(target)
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(("127.0.0.1", port))
+    report["net"] = "connected"
+except OSError as e:
+    report["net"] = "unreachable: %s" % e
+print(json.dumps(report))
+"""
+
+_SELF_TESTS: dict[str, SelfTest] = {}
+_SELF_TEST_LOCK = threading.Lock()
+
+
+def missing() -> SelfTest:
+    """The failed self-test of a bwrap that is not there."""
+    return SelfTest(False, "bubblewrap (bwrap) not found on PATH", None)
+
+
+def self_test(bwrap: str | None = None) -> SelfTest:
+    """Check once per process and bwrap path that confinement really holds."""
+    bwrap = bwrap or find_bwrap()
+    if bwrap is None:
+        return missing()
+    with _SELF_TEST_LOCK:
+        if bwrap not in _SELF_TESTS:
+            _SELF_TESTS[bwrap] = _probe(bwrap)
+        return _SELF_TESTS[bwrap]
+
+
+def _probe(bwrap: str) -> SelfTest:
+    """Confinement checked from the host's side: the host must be unchanged after."""
+    marker = f".slotrunner-probe-{uuid.uuid4().hex}"
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as listener:
+        base, work = Path(tmp), Path(tmp) / "work"
+        work.mkdir()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.setblocking(False)
+        targets = [Path("/") / marker, base / marker, Path(tempfile.gettempdir()) / marker]
+        python = os.path.realpath(sys.executable)
+        argv = [python, "-I", "-S", "-c", _PROBE, str(listener.getsockname()[1])]
+        argv += [str(t) for t in targets]
+        expose = [Path(sys.base_prefix), Path(python).parent]
+        command = bwrap_argv(bwrap, work, root_entries(), [base], expose) + argv
+        limits = Limits(wall_s=20.0, processes=1024, output_bytes=64 * 1024)
+        try:
+            outcome = execute(command, work, sandbox_env(None), limits, None)
+        except OSError as e:
+            return SelfTest(False, f"bwrap at {bwrap} could not start: {e}", bwrap)
+        escaped = [str(t) for t in targets if t.exists()]
+        for path in escaped:
+            Path(path).unlink(missing_ok=True)
+        try:
+            listener.accept()[0].close()
+            reached = True
+        except BlockingIOError:
+            reached = False
+        stderr = outcome.stderr.decode("utf-8", "replace").strip()[-500:]
+        if outcome.returncode != 0 or not (work / "probe-ok").exists():
+            detail = f"bwrap at {bwrap} failed its self-test (exit {outcome.returncode}): "
+            return SelfTest(False, detail + (stderr or "no output"), bwrap)
+        if escaped:
+            return SelfTest(False, f"bwrap at {bwrap} let a write escape: {escaped}", bwrap)
+        try:
+            net = json.loads(outcome.stdout)["net"]
+        except (ValueError, KeyError, TypeError):
+            net = "unreported"
+        if reached or not str(net).startswith("unreachable"):
+            return SelfTest(False, f"bwrap at {bwrap} left the network reachable", bwrap)
+    return SelfTest(True, f"bwrap at {bwrap} confines writes and network", bwrap)
