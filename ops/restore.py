@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.core.settings import Settings
-from runner.core.stamp import SlotState, read_stamp, utc_now
+from runner.core.stamp import read_stamp, utc_now
 from runner.slots.pool import slot_lock
 from runner.workspace.workspaces import Workspaces
 
@@ -100,7 +100,7 @@ def restore(
         held = (
             stamp is not None
             and stamp.job_id not in (None, job_id)
-            and stamp.state in (SlotState.LEASED, SlotState.CANCEL_REQUESTED)
+            and stamp.holds_lease()
             and not stamp.is_expired(utc_now())
         )
         if held:

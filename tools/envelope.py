@@ -51,7 +51,7 @@ def verdict(
         return Reason.STALE_GENERATION
     if stamp.state == SlotState.POISONED:
         return Reason.SLOT_POISONED
-    if stamp.state not in (SlotState.LEASED, SlotState.CANCEL_REQUESTED):
+    if not stamp.holds_lease():
         return Reason.LEASE_EXPIRED
     if stamp.is_expired(now):
         return Reason.LEASE_EXPIRED

@@ -29,6 +29,20 @@ class SlotState(StrEnum):
     POISONED = "poisoned"
 
 
+# Which states count as "the lease is held" -- one rule per question asked of a stamp,
+# each named once here (docs/architecture.md, "Slot states"):
+#   HOLDS_LEASE  the lease is live: its tool calls apply, it may be renewed or cancelled,
+#                and an operator's restore must not overwrite its tree.
+#   LEASE_OPEN   the lease has not ended: its owner may still release it and the janitor
+#                may reclaim it (outcome_unknown is a reclaim the janitor has begun).
+#   KEEPS_OWNER  the slot is still its attempt's for the runner's own writes: a poisoned
+#                slot takes no tool call and no new lease, but its job still writes its
+#                end snapshot and job.json into it.
+HOLDS_LEASE = frozenset({SlotState.LEASED, SlotState.CANCEL_REQUESTED})
+LEASE_OPEN = HOLDS_LEASE | {SlotState.OUTCOME_UNKNOWN}
+KEEPS_OWNER = HOLDS_LEASE | {SlotState.POISONED}
+
+
 class StampError(Exception):
     """A stamp file exists but cannot be read as a stamp."""
 
@@ -54,6 +68,18 @@ class Stamp(BaseModel):
     def is_expired(self, now: datetime) -> bool:
         expires = self.expires_at()
         return expires is not None and now >= expires
+
+    def holds_lease(self) -> bool:
+        """The lease is live (see ``HOLDS_LEASE``); expiry is a separate question."""
+        return self.state in HOLDS_LEASE
+
+    def lease_open(self) -> bool:
+        """The lease has not ended: releasable by its owner, reclaimable by the janitor."""
+        return self.state in LEASE_OPEN
+
+    def keeps_owner(self) -> bool:
+        """The slot is still its attempt's for the runner's own (fenced) writes."""
+        return self.state in KEEPS_OWNER
 
 
 def utc_now() -> datetime:

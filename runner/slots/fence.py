@@ -23,13 +23,10 @@ from pathlib import Path
 
 from filelock import Timeout
 
-from runner.core.stamp import SlotState, Stamp, read_stamp
+from runner.core.stamp import Stamp, read_stamp
 from runner.slots.pool import slot_lock
 
 LOCK_TIMEOUT_S = 60.0  # a tool call holds the slot lock for at most its own run
-# Stamp states in which the slot is still the attempt's (a poisoned slot is read for
-# its end snapshot, never written through the tool server again).
-HELD = frozenset({SlotState.LEASED, SlotState.CANCEL_REQUESTED, SlotState.POISONED})
 
 
 class LeaseLostError(Exception):
@@ -50,7 +47,7 @@ def fenced(
             current = read_stamp(slot_dir)
             if not (
                 current is not None
-                and current.state in HELD
+                and current.keeps_owner()
                 and current.job_id == job_id
                 and current.attempt == attempt
                 and current.generation == stamp.generation

@@ -75,7 +75,7 @@ class Owner:
 
 def stale_reason(stamp: Stamp, now: datetime, owner: Owner | None) -> str | None:
     """Why this slot must be reclaimed, or None while its lease may still be in use."""
-    if stamp.state in (SlotState.IDLE, SlotState.POISONED):
+    if not stamp.lease_open():
         return None
     if stamp.job_id is None or owner is None:
         return OWNERLESS

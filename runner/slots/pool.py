@@ -229,7 +229,7 @@ class SlotPool:
             current is None
             or current.job_id != job_id
             or current.generation != generation
-            or current.state not in (SlotState.LEASED, SlotState.CANCEL_REQUESTED)
+            or not current.holds_lease()
         ):
             raise ReleaseRefused(f"slot {slot_id} is no longer leased to {job_id}@{generation}")
         stamp = current.model_copy(
@@ -249,8 +249,7 @@ class SlotPool:
                 current is not None
                 and current.job_id == job_id
                 and current.generation == generation
-                and current.state
-                in (SlotState.LEASED, SlotState.CANCEL_REQUESTED, SlotState.OUTCOME_UNKNOWN)
+                and current.lease_open()
             )
             if not ok:
                 have = (
@@ -299,7 +298,7 @@ class SlotPool:
                 current is None
                 or current.job_id != job_id
                 or current.generation != generation
-                or current.state not in (SlotState.LEASED, SlotState.CANCEL_REQUESTED)
+                or not current.holds_lease()
             ):
                 raise ReleaseRefused(f"slot {slot_id} is no longer leased to {job_id}@{generation}")
             stamp = current.model_copy(
