@@ -20,14 +20,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import redis
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from runner.core import events, keys
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
+from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now, valid_slot_id, write_stamp
-
-LOCK_FILE = ".lock"
 
 # Raise the Redis mirror only when the new value is larger: a stale writer can never
 # move a slot's generation backwards.
@@ -60,11 +59,6 @@ class UnknownSlot(SlotError):
 
 class SlotBusy(SlotError):
     """The slot's lock stayed held for longer than the caller would wait."""
-
-
-def slot_lock(slot_dir: Path, timeout_s: float = -1) -> FileLock:
-    """The slot's lock; a new object per use so threads and processes both exclude."""
-    return FileLock(str(slot_dir / LOCK_FILE), timeout=timeout_s, thread_local=False)
 
 
 class SlotPool:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
@@ -23,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 from hooks.check_apply_envelope import DISABLE_ENV, check_apply_envelope
 from runner.core import events
 from runner.core.settings import Settings
-from runner.core.stamp import SlotState, read_stamp, utc_now, valid_slot_id
-from runner.slots.pool import mark, slot_lock
+from runner.core.slot_lock import slot_lock
+from runner.core.stamp import SlotState, read_stamp, utc_now, valid_slot_id, write_stamp
 from tools import builtin, paths, registry
 from tools.envelope import Envelope
 from tools.reasons import Reason, ToolError
@@ -163,7 +164,7 @@ class ToolService:
             # A receipt fsync failed on this slot: nothing more may be applied here, even
             # a resend of a key whose intent is on disk but was never made durable.
             with contextlib.suppress(OSError):
-                mark(slot_dir, SlotState.POISONED, f"receipt store failed: {store.broken}")
+                _mark_poisoned(slot_dir, f"receipt store failed: {store.broken}")
             return refused(409, Reason.SLOT_POISONED, f"slot poisoned: {store.broken}", **log)
         if not self.fence_disabled:
             reason = check_apply_envelope(
@@ -303,7 +304,7 @@ class ToolService:
         # fsync could lie. The slot takes no new lease until an operator clears it.
         poisoned = "slot poisoned"
         try:
-            mark(ctx.slot_dir, SlotState.POISONED, f"receipt fsync failed: {exc.message}")
+            _mark_poisoned(ctx.slot_dir, f"receipt fsync failed: {exc.message}")
         except OSError as stamp_exc:
             # The same disk refused the stamp too. The store never writes again, so the
             # next call on this slot poisons it again (or fails the same way): the
@@ -405,6 +406,15 @@ class ToolService:
                         }
                     )
         return resolved
+
+
+def _mark_poisoned(slot_dir: Path, reason: str) -> None:
+    """Stamp the slot poisoned, saying why; the caller holds the slot lock."""
+    current = read_stamp(slot_dir)
+    if current is None:
+        return  # never leased: there is no lease to take away
+    poisoned = current.model_copy(update={"state": SlotState.POISONED, "reason": reason})
+    write_stamp(slot_dir, poisoned)
 
 
 def _replayed(receipt: Receipt, log: dict[str, Any]) -> Reply:
