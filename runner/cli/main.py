@@ -9,9 +9,10 @@ from pathlib import Path
 import click
 
 from runner.cli.common import CliError, emit_json, err_console, friendly, load_settings
+from runner.cli.root import RootGroup
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="slotrunner")
 def main() -> None:
     """Run LLM-agent jobs on Celery in generation-stamped workspace slots.
@@ -211,11 +212,8 @@ def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
 
 
 def _mount() -> None:
-    from ops.cli import ops
-    from ops.demo.demo import demo
-    from ops.testing.chaos.cli import chaos
-    from ops.testing.fake_endpoint.cli import fake_endpoint
-    from ops.testing.harness.cli import harness
+    # The runner's own verbs; ops, demo, chaos, harness and fake-endpoint come in
+    # through the entry points RootGroup reads (runner must not import ops).
     from runner.cli.jobs import cancel
     from runner.cli.slots import slots
     from runner.cli.tools import tools
@@ -223,11 +221,6 @@ def _mount() -> None:
     main.add_command(cancel)
     main.add_command(slots)
     main.add_command(tools)
-    main.add_command(ops)
-    main.add_command(demo)
-    main.add_command(chaos)
-    main.add_command(fake_endpoint)
-    main.add_command(harness)
 
 
 _mount()

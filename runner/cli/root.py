@@ -1,0 +1,54 @@
+"""The ``slotrunner`` root group: the runner's own verbs, plus those other packages plug in.
+
+``runner`` never imports the packages built on it. A package adds a verb by naming a
+click command under the entry-point group :data:`COMMANDS_GROUP` in its
+``pyproject.toml``; the root group lists those names and imports a command only
+when it is run or its help is shown, so ``slotrunner result`` loads none of them.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+
+import click
+
+COMMANDS_GROUP = "slotrunner.commands"
+
+
+class RootGroup(click.Group):
+    """A click group whose commands are its own plus the entry points of :data:`COMMANDS_GROUP`."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._loaded: dict[str, click.Command] = {}
+
+    def _plugins(self) -> dict[str, EntryPoint]:
+        # Several copies of the metadata (an editable install beside an egg-info) may
+        # name one verb twice; the first on sys.path wins, as it does for imports.
+        found: dict[str, EntryPoint] = {}
+        for point in entry_points(group=COMMANDS_GROUP):
+            found.setdefault(point.name, point)
+        return found
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._plugins()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        if cmd_name not in self._loaded:
+            point = self._plugins().get(cmd_name)
+            if point is None:
+                return None
+            self._loaded[cmd_name] = _load(point)
+        return self._loaded[cmd_name]
+
+
+def _load(point: EntryPoint) -> click.Command:
+    command = point.load()
+    if not isinstance(command, click.Command):
+        raise TypeError(
+            f"entry point {point.name} = {point.value} in {COMMANDS_GROUP} is not a click command"
+        )
+    return command
