@@ -1,6 +1,46 @@
-"""The runner package's error tree (skeleton: filled in as the package's errors move here).
+"""The runner package's error tree: every error the runner raises on purpose.
+
+Each class is defined next to the code that raises it and derives from
+:class:`RunnerError`, so a caller (the CLI) can catch the whole package with one
+``except``. A class that existing callers catch as a built-in keeps that built-in
+as a second base (marked ``+``)::
 
     RunnerError
+    ├── SettingsError  + ValueError      runner.core.settings: an environment value
+    │                                    slotrunner cannot use
+    ├── JobIdError  + ValueError         runner.core.ids: a job id no door accepts
+    ├── StampError                       runner.core.stamp: a slot stamp that exists
+    │                                    but cannot be read
+    ├── JobIdError  + ValueError         runner.core.ids: a job id no door accepts
+    ├── DurabilityError  + OSError       runner.core.durable: an fsync (or the write
+    │                                    before it) failed; the record's fate is unknown
+    ├── RedisUnavailable                 runner.redis_server: no Redis reached or started
+    ├── PreflightError                   runner.worker.preflight: a Redis that would
+    │                                    evict the keys that must survive
+    ├── SlotError                        runner.slots.pool
+    │   ├── NoSlotFree                   every slot stayed busy for the whole wait
+    │   ├── ReleaseRefused               a release that is not the slot's current lease
+    │   ├── UnknownSlot                  no slot of that id on this host
+    │   ├── SlotBusy                     the slot's lock stayed held too long
+    │   └── LeaseLostError               runner.slots.fence: the slot is no longer this
+    │                                    attempt's lease; nothing more may touch it
+    ├── WorkspaceError                   runner.workspace.git: a git, work tree or
+    │                                    snapshot operation failed
+    ├── AttemptFloorError                runner.worker.attempt_floor: the host's attempt
+    │                                    floor cannot be read, locked or made durable
+    ├── AdmissionError                   runner.admission.desk
+    │   ├── AdmissionRefused             no capacity held: the request must not be sent
+    │   ├── StaleCompletion              a completion whose lease is no longer live
+    │   └── DeskMismatch                 the eval-run's desk has another bound
+    ├── PlannerError                     runner.agent.planners: no usable completion
+    │   └── PlannerStopped               the job was told to stop mid-request
+    ├── SpecError  + ValueError          runner.jobs.submit: a job spec that cannot run
+    └── ResultCopyError                  runner.jobs.result_copy: a kept result that
+                                         cannot be read or parsed
+
+Private control-flow exceptions (``runner.worker.attempt._Stopped``) never leave their
+module and are not part of the tree. ``tests/runner/test_errors.py`` checks that every
+public exception class of the package is drawn here and derives from the root.
 """
 
 from __future__ import annotations

@@ -27,12 +27,13 @@ from filelock import FileLock
 
 from runner.core.durable import replace_file
 from runner.core.settings import Settings
+from runner.errors import RunnerError
 
 START_TIMEOUT_S = 15.0  # keep trying to start (a busy port) this long
 LAUNCH_WAIT_S = 3.0  # one launch must answer a PING within this
 
 
-class RedisUnavailable(RuntimeError):
+class RedisUnavailable(RunnerError):
     """No Redis could be reached or started."""
 
 

@@ -81,6 +81,7 @@ from runner.admission.table import (
     transition,
 )
 from runner.admission.witness import UNREADABLE, EpochWitness
+from runner.errors import RunnerError
 
 __all__ = [
     "DEFAULT_RECOVERY_HOLD_S",
@@ -121,7 +122,7 @@ class RefusalReason(StrEnum):
     NO_WITNESS = "no_witness"  # this host cannot record the epoch it was granted in
 
 
-class AdmissionError(Exception):
+class AdmissionError(RunnerError):
     """Base of the admission desk's errors."""
 
 

@@ -32,6 +32,7 @@ import redis
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from runner.admission.desk import AdmissionDesk, AdmissionRefused, Lease, StaleCompletion
+from runner.errors import RunnerError
 from runner.jobs.models import OpenAIPlanner, Step, StepRecord
 from tools import classifier, registry
 
@@ -42,7 +43,7 @@ RESULT_CHARS = 4000
 RECOVERY_GRACE_S = 30.0
 
 
-class PlannerError(RuntimeError):
+class PlannerError(RunnerError):
     """The planner could not get a usable completion for a step."""
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from runner.errors import RunnerError
+
 # Fault injection for tests: when this file exists in a directory, every fsync of a
 # file in that directory fails with EIO. It is a file (not an env var) so a test can
 # switch it on for one running server and one slot without restarting anything.
@@ -30,7 +32,7 @@ FAIL_FSYNC_MARKER = ".fail-fsync"
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class DurabilityError(OSError):
+class DurabilityError(RunnerError, OSError):
     """An fsync (or the write before it) failed; the record's fate is unknown."""
 
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from runner.errors import RunnerError
+
 SandboxMode = Literal["required", "auto", "off"]
 _SANDBOX_MODES: tuple[SandboxMode, ...] = ("required", "auto", "off")
 
 
-class SettingsError(ValueError):
+class SettingsError(RunnerError, ValueError):
     """An environment variable has a value slotrunner cannot use."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from runner.core.durable import replace_file
+from runner.errors import RunnerError
 
 STAMP_FILE = "stamp.json"
 SLOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -43,7 +44,7 @@ LEASE_OPEN = HOLDS_LEASE | {SlotState.OUTCOME_UNKNOWN}
 KEEPS_OWNER = HOLDS_LEASE | {SlotState.POISONED}
 
 
-class StampError(Exception):
+class StampError(RunnerError):
     """A stamp file exists but cannot be read as a stamp."""
 
 

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from runner.core import keys
 from runner.core.durable import ensure_dir, replace_file
+from runner.errors import RunnerError
 from runner.jobs.models import JobResult
 from runner.worker.attempt_floor import AttemptFloorError, floor_path
 
@@ -45,7 +46,7 @@ return 1
 """
 
 
-class ResultCopyError(Exception):
+class ResultCopyError(RunnerError):
     """The kept copy of a result cannot be read or parsed."""
 
 

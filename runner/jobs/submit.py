@@ -12,12 +12,13 @@ from celery import Celery
 from pydantic import ValidationError
 
 from runner.core import keys
+from runner.errors import RunnerError
 from runner.jobs.models import JobResult, JobSpec
 from runner.worker.celery_app import QUEUE, TASK_NAME
 from runner.worker.job import load_result
 
 
-class SpecError(ValueError):
+class SpecError(RunnerError, ValueError):
     """A job spec that cannot run; the message names the fields."""
 
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from filelock import Timeout
 
 from runner.core.stamp import Stamp, read_stamp
-from runner.slots.pool import slot_lock
+from runner.slots.pool import SlotError, slot_lock
 
 LOCK_TIMEOUT_S = 60.0  # a tool call holds the slot lock for at most its own run
 
 
-class LeaseLostError(Exception):
+class LeaseLostError(SlotError):
     """The slot is no longer this attempt's lease: nothing more may touch it."""
 
 

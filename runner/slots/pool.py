@@ -27,6 +27,7 @@ from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now, valid_slot_id, write_stamp
+from runner.errors import RunnerError
 
 # Raise the Redis mirror only when the new value is larger: a stale writer can never
 # move a slot's generation backwards.
@@ -41,7 +42,7 @@ return current
 """
 
 
-class SlotError(Exception):
+class SlotError(RunnerError):
     """Base of the slot errors."""
 
 

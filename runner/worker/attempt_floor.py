@@ -31,6 +31,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from runner.core.durable import ensure_dir, replace_file
+from runner.errors import RunnerError
 from runner.jobs.models import JOB_ID_RE
 
 ATTEMPTS_DIR = "attempts"
@@ -40,7 +41,7 @@ DISABLE_ENV = "SLOTRUNNER_TEST_DISABLE_ATTEMPT_FLOOR"
 LOCK_TIMEOUT_S = 60.0
 
 
-class AttemptFloorError(Exception):
+class AttemptFloorError(RunnerError):
     """The local attempt floor cannot be read, locked or made durable; the attempt must not run."""
 
 

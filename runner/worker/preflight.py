@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import redis
 
+from runner.errors import RunnerError
+
 SAFE_POLICIES = {"noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"}
 
 
-class PreflightError(RuntimeError):
+class PreflightError(RunnerError):
     """This Redis would silently drop generation mirrors, attempts or counters."""
 
 

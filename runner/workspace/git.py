@@ -12,6 +12,8 @@ from collections.abc import Mapping
 
 from git import Git
 
+from runner.errors import RunnerError
+
 # Every git call runs with these, so a host with no global git config (or an exotic
 # one: global excludes, autocrlf, hooks, signing) builds the same trees as any other.
 _ENV = {
@@ -31,7 +33,7 @@ _CONFIG = (
 )
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(RunnerError):
     """A work tree or snapshot operation failed; the message says what and why."""
 
 
