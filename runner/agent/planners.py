@@ -205,8 +205,10 @@ class ChatPlanner:
         text = json.dumps(payload, default=str)[:RESULT_CHARS]
         self.messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
+    def close(self, *, wait: bool = False) -> None:
+        """Stop taking requests; ``wait``: also until the ones still out have answered
+        and been judged (their late bodies fenced at the desk), as a test wants."""
+        self._pool.shutdown(wait=wait)
 
     # -- one step ---------------------------------------------------------------------
 

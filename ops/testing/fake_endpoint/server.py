@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -62,6 +63,8 @@ class FakeEndpoint:
     def __init__(self, config: FakeEndpointConfig) -> None:
         self.config = config
         self._lock = threading.Lock()
+        # Notified on every change of the counts: tests wait on the endpoint's own state.
+        self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._gate = threading.Event()
         self._gate.set()
@@ -84,6 +87,10 @@ class FakeEndpoint:
         )
         self.in_flight = 0
         self.max_in_flight_seen = 0
+        # Requests between arrival and reply, 429s included: what a client's admission
+        # bound is about, counted here, independently of the client's own counter.
+        self.requests_open = 0
+        self.max_requests_open_seen = 0
 
     # -- test seams -----------------------------------------------------------------
     def hold(self) -> None:
@@ -98,29 +105,46 @@ class FakeEndpoint:
         self._stop.set()
         self._gate.set()
 
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float
+    ) -> dict[str, Any]:
+        """The stats once ``predicate`` holds on them; TimeoutError after ``timeout_s``."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: predicate(self._stats()), timeout_s):
+                raise TimeoutError(f"endpoint state not reached in {timeout_s:g}s: {self._stats()}")
+            return self._stats()
+
     # -- the answer -----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {
-                **self._counts,
-                "in_flight": self.in_flight,
-                "max_in_flight_seen": self.max_in_flight_seen,
-                "max_concurrency": self.config.max_concurrency,
-                "service_ms": [round(ms, 3) for ms in self._service_ms],
-            }
+            return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
+        return {
+            **self._counts,
+            "in_flight": self.in_flight,
+            "max_in_flight_seen": self.max_in_flight_seen,
+            "requests_open": self.requests_open,
+            "max_requests_open_seen": self.max_requests_open_seen,
+            "max_concurrency": self.config.max_concurrency,
+            "service_ms": [round(ms, 3) for ms in self._service_ms],
+        }
 
     def _count(self, name: str) -> None:
-        with self._lock:
+        with self._changed:
             self._counts[name] += 1
+            self._changed.notify_all()
 
     def _admit(self) -> bool:
         with self._lock:
             limit = self.config.max_concurrency
             if limit and self.in_flight >= limit:
                 self._counts["answered_429"] += 1
+                self._changed.notify_all()
                 return False
             self.in_flight += 1
             self.max_in_flight_seen = max(self.max_in_flight_seen, self.in_flight)
+            self._changed.notify_all()
             return True
 
     def _occurrence(self, digest: str) -> tuple[int, bytes | None]:
@@ -139,7 +163,18 @@ class FakeEndpoint:
     def chat(self, raw: bytes) -> Reply:
         """Answer one ``POST /v1/chat/completions``; ``x-service-time-ms`` is set here."""
         started = time.perf_counter()
-        reply = self._chat(raw)
+        with self._changed:
+            self.requests_open += 1
+            self.max_requests_open_seen = max(self.max_requests_open_seen, self.requests_open)
+            self._changed.notify_all()
+        try:
+            reply = self._chat(raw)
+        finally:
+            # Closed before the reply is written, like in_flight: the window counted
+            # lies inside the client's own wait for this reply.
+            with self._changed:
+                self.requests_open -= 1
+                self._changed.notify_all()
         service_ms = (time.perf_counter() - started) * 1000
         reply.headers[SERVICE_HEADER] = f"{service_ms:.3f}"
         reply.headers[FAULT_HEADER] = reply.fault.value
@@ -164,8 +199,9 @@ class FakeEndpoint:
         finally:
             # Capacity returns before the reply is written: a client that sends its next
             # request the moment it reads this reply must find the slot free.
-            with self._lock:
+            with self._changed:
                 self.in_flight -= 1
+                self._changed.notify_all()
 
     def _serve_admitted(self, request: dict[str, Any]) -> Reply:
         digest = request_digest(request)
