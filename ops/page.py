@@ -32,13 +32,14 @@ import httpx
 import stamina
 
 from ops.detect.detector import Incident
+from ops.errors import OpsError
 from runner.core.durable import append_record
 
 BATCH = 64  # alerts per request
 MAX_RETRY_AFTER_S = 30.0
 
 
-class PageError(RuntimeError):
+class PageError(OpsError):
     """Alerts could not be delivered; they stay queued for the next attempt."""
 
 

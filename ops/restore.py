@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ops.errors import OpsError
 from runner.core.settings import Settings
 from runner.core.stamp import read_stamp, utc_now
 from runner.slots.pool import slot_lock
@@ -23,7 +24,7 @@ from runner.workspace.workspaces import Workspaces
 DEFAULT_QUEUE = "slotrunner"
 
 
-class RestoreError(Exception):
+class RestoreError(OpsError):
     """The restore cannot (or must not) be done; the message says why."""
 
 

@@ -18,6 +18,7 @@ import redis
 
 from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
+from tests.support.toolserver import ToolServer
 
 
 @pytest.fixture(scope="session")
@@ -62,59 +63,7 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
     )
 
 
-# -- the real stack: tool server and Celery workers as child processes ---------
-
-
-def make_repo(path: Path, files: dict[str, str] | None = None) -> str:
-    """A real git repository with one commit; returns the commit id."""
-    from ops.demo.sample_repo import init_repo
-
-    return init_repo(path, files or {"pkg/lock.py": "held_by = None\n", "README": "sample\n"})
-
-
-def child_env(settings: Settings, **extra: str) -> dict[str, str]:
-    from ops.testing.stack import stack_env
-
-    return stack_env(
-        os.environ,
-        SLOTRUNNER_HOME=str(settings.home),
-        REDIS_URL=settings.redis_url or "",
-        SLOTRUNNER_SLOTS=str(settings.slots),
-        SLOTRUNNER_HOST_ID=settings.host,
-        SLOTRUNNER_TOOLSERVER_URL=settings.toolserver_url,
-        SLOTRUNNER_LEASE_TTL_S=str(settings.lease_ttl_s),
-        SLOTRUNNER_SANDBOX=settings.sandbox,
-        **extra,
-    )
-
-
-class ToolServer:
-    """A real tool server process serving one test's home."""
-
-    def __init__(self, settings: Settings, log_dir: Path, **extra_env: str) -> None:
-        from ops.testing.stack import free_port
-
-        self.port = free_port()
-        self.settings = settings.with_(toolserver_url=f"http://127.0.0.1:{self.port}")
-        self.log_dir = log_dir
-        self.extra_env = extra_env
-        self.child = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return self.settings.toolserver_url
-
-    def start(self, **extra_env: str) -> None:
-        from ops.testing.stack import start_toolserver
-
-        env = child_env(self.settings, **{**self.extra_env, **extra_env})
-        self.child = start_toolserver(env, self.port, self.log_dir)
-
-    def stop(self) -> None:
-        if self.child is not None:
-            self.child.stop()
-            self.child = None
+# -- the real stack: a tool server as a child process (tests/support/toolserver.py) --
 
 
 @pytest.fixture

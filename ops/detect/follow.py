@@ -47,13 +47,14 @@ from ops.detect.detector import (
     merge_by_ts,
     scan,
 )
+from ops.errors import OpsError
 from runner.core.durable import append_record, replace_file
 
 READ_BUDGET = 16 * 1024 * 1024  # bytes per file per poll: bounds memory on a huge backlog
 Sink = Callable[[list[Incident | Malformed]], None]
 
 
-class FollowError(RuntimeError):
+class FollowError(OpsError):
     """A path cannot be followed, or the state dir is damaged."""
 
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import httpx
 
+from ops.errors import OpsError
 
-class StackError(RuntimeError):
+
+class StackError(OpsError):
     """A child process did not come up."""
 
 

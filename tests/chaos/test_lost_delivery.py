@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runner.core.settings import Settings
-from tests.runner.jobkit import FAST, gated_steps, stack, wait_until
+from tests.support.stack import FAST, gated_steps, stack, wait_until
 
 
 @pytest.mark.timeout(180)

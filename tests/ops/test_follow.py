@@ -25,7 +25,8 @@ from ops.detect.detector import Incident, Kind, Malformed
 from ops.detect.follow import Follower
 from ops.page import PageError, Pager
 from runner.redis_server import EmbeddedRedis
-from tests.ops.test_detect import REPO, lease_line, result_line
+from tests.support.detectlog import lease_line, result_line
+from tests.support.repos import REPO
 
 
 class Receiver:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ops.detect import prefetch
 from ops.detect.scan import Tally, read_chunks, records_of, scan_chunk
-from tests.ops.test_detect import lease_line, synth_log
+from ops.testing.synthlog import synth_log
+from tests.support.detectlog import lease_line
 
 
 def _in_process(path: Path) -> tuple[list[tuple[str, int, str]], Tally]:

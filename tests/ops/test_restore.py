@@ -12,7 +12,7 @@ from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tests.conftest import make_repo
+from tests.support.repos import make_repo
 
 
 def files(root: Path) -> dict[str, bytes]:

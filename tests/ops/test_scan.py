@@ -9,8 +9,9 @@ import pytest
 
 from ops.detect.records import AppliedLine, Apply, Malformed, Record
 from ops.detect.scan import Tally, read_chunks, records_of, scan, scan_chunk
+from ops.testing.synthlog import synth_log
 from runner.core import events
-from tests.ops.test_detect import lease_line, log_line, result_line, synth_log
+from tests.support.detectlog import lease_line, log_line, result_line
 
 
 def _fields(rec: Record) -> tuple[object, ...]:

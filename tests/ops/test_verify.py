@@ -13,8 +13,10 @@ from click.testing import CliRunner
 from ops.cli import ops
 from ops.detect.detector import Incident, Kind, Malformed
 from ops.detect.verify import verify
+from ops.testing.synthlog import clean_log, synth_log
 from runner.core import events
-from tests.ops.test_detect import REPO, clean_log, lease_line, result_line, run_detect, synth_log
+from tests.support.detectlog import lease_line, result_line, run_detect
+from tests.support.repos import REPO
 from tools.registry import MUTATING_TOOLS
 
 

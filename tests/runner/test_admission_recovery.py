@@ -25,7 +25,7 @@ from runner.core.settings import SettingsError
 from runner.jobs.config import JobConfig
 from runner.jobs.models import OpenAIPlanner
 from runner.redis_server import EmbeddedRedis
-from tests.runner.test_admission import FakeClock
+from tests.support.clock import FakeClock
 
 HOLD_S = 1.0  # the recovery hold of the tests that wait for its end
 LONG_HOLD_S = 60.0  # a hold the test never sees end

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from runner.core.settings import Settings
 from runner.jobs.backpressure import rejection_counts
-from tests.runner.jobkit import gated_steps, run_cli, stack
+from tests.support.stack import gated_steps, run_cli, stack
 
 
 def test_no_free_slot_or_too_little_deadline_is_rejected(

@@ -8,7 +8,8 @@ from pathlib import Path
 from runner.core import keys
 from runner.core.settings import Settings
 from runner.core.stamp import SlotState, read_stamp
-from tests.runner.jobkit import base_tree, gated_steps, run_cli, stack, wait_until
+from tests.support.repos import base_tree
+from tests.support.stack import gated_steps, run_cli, stack, wait_until
 
 
 def cancel_json(settings: Settings, job_id: str) -> dict[str, object]:

@@ -12,7 +12,7 @@ from ops.testing.fake_endpoint.plan import FakeEndpointConfig, ScriptStep
 from ops.testing.fake_endpoint.server import serve
 from runner.admission.desk import AdmissionDesk
 from runner.core.settings import Settings
-from tests.runner.jobkit import run_cli, stack, wait_until
+from tests.support.stack import run_cli, stack, wait_until
 
 
 def test_cancel_during_inference(settings: Settings, tmp_path: Path) -> None:

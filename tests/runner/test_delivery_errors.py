@@ -14,7 +14,7 @@ from runner.core import keys
 from runner.core.durable import FAIL_FSYNC_MARKER
 from runner.core.settings import Settings
 from runner.worker.attempt_floor import ATTEMPTS_DIR
-from tests.runner.jobkit import stack, wait_until
+from tests.support.stack import stack, wait_until
 
 STEPS = [{"tool": "write_file", "args": {"path": "out.txt", "content": "done\n"}}]
 FAST = {"SLOTRUNNER_DELIVERY_RETRY_S": "0.5"}

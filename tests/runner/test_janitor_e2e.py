@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runner.core.settings import Settings
 from runner.core.stamp import SlotState, read_stamp
-from tests.runner.jobkit import FAST, run_cli, stack
+from tests.support.stack import FAST, run_cli, stack
 
 
 def test_idle_worker_recycles_an_expired_silent_lease(settings: Settings, tmp_path: Path) -> None:

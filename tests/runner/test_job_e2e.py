@@ -19,7 +19,8 @@ from runner.core.settings import Settings
 from runner.jobs.models import JobResult
 from runner.jobs.submit import submit, wait_for
 from runner.worker.celery_app import QUEUE, create_app
-from tests.conftest import ToolServer, child_env, make_repo
+from tests.support.repos import make_repo
+from tests.support.toolserver import ToolServer, child_env
 
 PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
 --- a/pkg/lock.py

@@ -26,7 +26,7 @@ from runner.worker.liveness import (
     Liveness,
     acquire,
 )
-from tests.runner.jobkit import wait_until
+from tests.support.stack import wait_until
 
 SHORT = JobConfig(heartbeat_ttl_s=0.4, heartbeat_interval_s=0.1, watchdog_poll_s=0.05)
 

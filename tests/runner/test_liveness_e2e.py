@@ -14,7 +14,7 @@ import httpx
 
 from runner.core.settings import Settings
 from runner.core.stamp import read_stamp
-from tests.runner.jobkit import FAST, Stack, gated_steps, stack, wait_until
+from tests.support.stack import FAST, Stack, gated_steps, stack, wait_until
 from tools.receipts.store import ReceiptStore
 
 

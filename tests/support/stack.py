@@ -1,4 +1,4 @@
-"""Helpers for the liveness, cancel and backpressure tests on the real stack.
+"""The real stack for job tests: a tool server, Celery workers, gated jobs, the host's log.
 
 A *gated* job runs a ``run_tests`` whose command writes ``started`` into its work tree
 and then waits for a ``go`` file there: the test decides when the call ends, so no
@@ -25,7 +25,8 @@ from ops.testing.stack import Child, start_worker
 from runner.core.settings import Settings
 from runner.jobs.models import JobResult
 from runner.jobs.submit import wait_for
-from tests.conftest import ToolServer, child_env, make_repo
+from tests.support.repos import make_repo
+from tests.support.toolserver import ToolServer, child_env
 
 T = TypeVar("T")
 
@@ -209,13 +210,3 @@ def run_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
-
-
-def base_tree(repo: Path, base: str) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", f"{base}^{{tree}}"],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()

@@ -16,7 +16,8 @@ from runner.core.logs import EventLog
 from runner.core.stamp import Stamp
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tests.conftest import ToolServer, make_repo
+from tests.support.repos import make_repo
+from tests.support.toolserver import ToolServer
 from tools.client import ToolClient, ToolResponse
 from tools.envelope import Envelope
 from tools.server.service import CRASH_ENV

@@ -15,7 +15,8 @@ from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tests.conftest import ToolServer, make_repo
+from tests.support.repos import make_repo
+from tests.support.toolserver import ToolServer
 from tools.builtin import write_job
 
 

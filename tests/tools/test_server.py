@@ -16,7 +16,8 @@ from runner.core.settings import Settings
 from runner.core.stamp import Stamp
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tests.conftest import ToolServer, make_repo
+from tests.support.repos import make_repo
+from tests.support.toolserver import ToolServer
 
 LOCK_PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
 --- a/pkg/lock.py

@@ -20,7 +20,8 @@ from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tests.conftest import ToolServer, child_env, make_repo
+from tests.support.repos import make_repo
+from tests.support.toolserver import ToolServer, child_env
 from tools import registry
 from tools.server.app import ServerConfigError, create_app
 

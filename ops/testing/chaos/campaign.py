@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ops.errors import OpsError
 from ops.testing.chaos import checks
 from ops.testing.chaos import plan as cp
 from ops.testing.chaos.expect import ExpectError, expected_tree
@@ -42,7 +43,7 @@ LEAK_WAIT_S = 15.0
 Say = Callable[[str], None]
 
 
-class ChaosError(RuntimeError):
+class ChaosError(OpsError):
     """The campaign could not run (a bad report dir, a stack that did not start)."""
 
 

@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ops.errors import OpsError
 from runner.core.settings import Settings
 from tools import builtin, registry
 
 _GIT_CONFIG = ("-c", f"core.excludesFile={os.devnull}", "-c", "core.autocrlf=false")
 
 
-class ExpectError(RuntimeError):
+class ExpectError(OpsError):
     """A job's steps do not apply to its base even without faults (a campaign bug)."""
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ops.errors import OpsError
+
 Z_P99 = 2.3263478740408408  # standard normal quantile of 0.99
 ERROR_STATUSES = (500, 502, 503)
 # Bodies a broken proxy or server might send with a 200: truncated, missing choices, wrong types.
@@ -104,7 +106,7 @@ class Plan:
     completion_id: str
 
 
-class RequestError(ValueError):
+class RequestError(OpsError):
     """The request is not a chat-completions request this endpoint can answer (HTTP 400)."""
 
 

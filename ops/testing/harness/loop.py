@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import httpx
 
+from ops.errors import OpsError
 from ops.testing.harness.stats import (
     MAX_QUEUE_SHARE,
     MIN_GAIN,
@@ -50,7 +51,7 @@ Clock = Callable[[], float]
 OnDone = Callable[[], None]
 
 
-class HarnessError(Exception):
+class HarnessError(OpsError):
     """The sweep cannot run: bad settings, or an endpoint that refuses to be measured."""
 
 

@@ -1,0 +1,49 @@
+"""A real tool server process for one test's home, and the environment of its children."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ops.testing.stack import Child, free_port, stack_env, start_toolserver
+from runner.core.settings import Settings
+
+
+def child_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a child process (tool server, worker, CLI) serving ``settings``."""
+    return stack_env(
+        os.environ,
+        SLOTRUNNER_HOME=str(settings.home),
+        REDIS_URL=settings.redis_url or "",
+        SLOTRUNNER_SLOTS=str(settings.slots),
+        SLOTRUNNER_HOST_ID=settings.host,
+        SLOTRUNNER_TOOLSERVER_URL=settings.toolserver_url,
+        SLOTRUNNER_LEASE_TTL_S=str(settings.lease_ttl_s),
+        SLOTRUNNER_SANDBOX=settings.sandbox,
+        **extra,
+    )
+
+
+class ToolServer:
+    """A real tool server process serving one test's home."""
+
+    def __init__(self, settings: Settings, log_dir: Path, **extra_env: str) -> None:
+        self.port = free_port()
+        self.settings = settings.with_(toolserver_url=f"http://127.0.0.1:{self.port}")
+        self.log_dir = log_dir
+        self.extra_env = extra_env
+        self.child: Child | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return self.settings.toolserver_url
+
+    def start(self, **extra_env: str) -> None:
+        env = child_env(self.settings, **{**self.extra_env, **extra_env})
+        self.child = start_toolserver(env, self.port, self.log_dir)
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
