@@ -180,19 +180,18 @@ def test_blank_lines_are_skipped_and_other_shapes_counted(tmp_path: Path) -> Non
 # -- whole logs -----------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_million_lines_report_exactly_the_injected_incidents(tmp_path: Path) -> None:
-    """1,000,000 lines with every incident for every mutating tool (first and last line
-    too), torn lines and binary garbage: exactly the injected incidents and garbage."""
-    path = tmp_path / "big.jsonl"
-    synth = synth_log(path, 1_000_000, rounds=2, seed=1)
+def test_every_incident_for_every_tool_is_reported_exactly(tmp_path: Path) -> None:
+    """Every incident for every mutating tool, twice (first and last line too), torn lines
+    and binary garbage: exactly the injected incidents and garbage. The same check on
+    1,000,000 lines is a measurement in bench/detector.py (``detector.exact``)."""
+    path = tmp_path / "log.jsonl"
+    synth = synth_log(path, 20_000, rounds=2, seed=1)
     found, malformed, incidents = run_detect([str(path)])
-    assert synth.lines[str(path)] == 1_000_000
+    assert synth.lines[str(path)] == 20_000
     assert found == synth.expected
     assert malformed == synth.malformed
     assert (Kind.UNOWNED, str(path), 1) in found
-    assert (Kind.CROSS_JOB, str(path), 1_000_000) in found
+    assert (Kind.CROSS_JOB, str(path), 20_000) in found
     assert {(i.kind, i.tool) for i in incidents} == {(k, t) for k in DETECT_KINDS for t in MUTATING}
 
 
