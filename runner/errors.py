@@ -11,7 +11,6 @@ as a second base (marked ``+``)::
     ├── JobIdError  + ValueError         runner.core.ids: a job id no door accepts
     ├── StampError                       runner.core.stamp: a slot stamp that exists
     │                                    but cannot be read
-    ├── JobIdError  + ValueError         runner.core.ids: a job id no door accepts
     ├── DurabilityError  + OSError       runner.core.durable: an fsync (or the write
     │                                    before it) failed; the record's fate is unknown
     ├── RedisUnavailable                 runner.redis_server: no Redis reached or started

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runner.core.ids import JobId
 from runner.core.stamp import SlotState, Stamp
 from tools.reasons import Reason
 
@@ -22,7 +23,7 @@ KEY_MAX_CHARS = 256
 class Envelope(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    job_id: str = Field(min_length=1, max_length=256)
+    job_id: JobId
     attempt: int = Field(ge=1)
     slot_id: str = Field(min_length=1, max_length=64)
     generation: int = Field(ge=1)

@@ -22,15 +22,15 @@ def cancel(job_id: str, as_json: bool) -> None:
     <state>, unknown job. Exit 0, or 2 for an unknown job.
     """
     from runner.core import events
+    from runner.core.ids import JOB_ID_RULE, valid_job_id
     from runner.core.logs import EventLog
     from runner.jobs import events as job_events
     from runner.jobs.cancel import CancelOutcome
     from runner.jobs.cancel import cancel as request_cancel
-    from runner.jobs.models import JOB_ID_RE
     from runner.redis_server import connect
 
-    if not JOB_ID_RE.match(job_id):
-        raise CliError(f"{job_id!r} is not a job id (letters, digits, '.', '_' or '-')")
+    if not valid_job_id(job_id):
+        raise CliError(f"{job_id!r} is not a job id ({JOB_ID_RULE})")
     settings = load_settings()
     report = request_cancel(connect(settings), job_id)
     if report.outcome in (CancelOutcome.CANCEL_REQUESTED, CancelOutcome.CANCELLED):

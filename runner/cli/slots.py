@@ -106,11 +106,11 @@ def lease(
     job_id: str, attempt: int, repo: str | None, base: str, wait_s: float, as_json: bool
 ) -> None:
     """Lease a free slot to a job (and, with --repo, take its start snapshot)."""
-    from runner.jobs.models import JOB_ID_RE
+    from runner.core.ids import JOB_ID_RULE, valid_job_id
     from runner.workspace.workspaces import Workspaces
 
-    if not JOB_ID_RE.match(job_id):
-        raise click.BadParameter("letters, digits, '.', '_' or '-' only", param_hint="--job")
+    if not valid_job_id(job_id):
+        raise click.BadParameter(JOB_ID_RULE, param_hint="--job")
     settings, pool = _pool()
     stamp = pool.lease(job_id, attempt, wait_s=wait_s)
     extra = {}

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+from runner.core.ids import JobId
+
 JobState = Literal["succeeded", "failed", "rejected", "cancelled"]
 
 
@@ -42,7 +42,7 @@ Planner = Annotated[ScriptedPlanner | OpenAIPlanner, Field(discriminator="kind")
 
 
 class JobSpec(_Model):
-    job_id: str | None = None
+    job_id: JobId | None = None
     eval_run: str = Field(default="default", min_length=1, max_length=128)
     repo: str = Field(min_length=1)
     base: str = Field(default="HEAD", min_length=1, max_length=256)
@@ -51,16 +51,6 @@ class JobSpec(_Model):
     test_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     deadline_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
     max_steps: int = Field(default=50, ge=1, le=10_000)
-
-    @field_validator("job_id")
-    @classmethod
-    def _job_id(cls, value: str | None) -> str | None:
-        if value is not None and not JOB_ID_RE.match(value):
-            raise ValueError(
-                "job_id must be 1-128 characters of letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit"
-            )
-        return value
 
     @field_validator("test_command")
     @classmethod

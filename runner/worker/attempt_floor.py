@@ -31,8 +31,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from runner.core.durable import ensure_dir, replace_file
+from runner.core.ids import valid_job_id
 from runner.errors import RunnerError
-from runner.jobs.models import JOB_ID_RE
 
 ATTEMPTS_DIR = "attempts"
 # Test only: "1" runs jobs without the floor, so the chaos campaign can show that its
@@ -47,8 +47,7 @@ class AttemptFloorError(RunnerError):
 
 def floor_path(home: Path, job_id: str) -> Path:
     """``$SLOTRUNNER_HOME/attempts/<job_id>``, refusing any id that could leave that directory."""
-    # fullmatch, not match: JOB_ID_RE ends in ``$``, which also accepts a trailing newline.
-    if not JOB_ID_RE.fullmatch(job_id):
+    if not valid_job_id(job_id):
         raise AttemptFloorError(f"job id {job_id!r} is not valid; no attempt floor for it")
     directory = home / ATTEMPTS_DIR
     path = directory / job_id
