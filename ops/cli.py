@@ -351,7 +351,7 @@ def restore(job_id: str, which: str, to: Path | None, force: bool, as_json: bool
     Receipts and logs are left as they are, for audit."""
     from ops.restore import RestoreError
     from ops.restore import restore as do_restore
-    from runner.workspace.workspaces import WorkspaceError
+    from runner.workspace.git import WorkspaceError
 
     settings = _settings()
     try:

@@ -37,7 +37,7 @@ def friendly(fn: F) -> F:
         from runner.redis_server import RedisUnavailable
         from runner.slots.pool import SlotError
         from runner.worker.preflight import PreflightError
-        from runner.workspace.workspaces import WorkspaceError
+        from runner.workspace.git import WorkspaceError
 
         try:
             return fn(*args, **kwargs)

@@ -27,7 +27,7 @@ from runner.slots.fence import LeaseLostError, fenced
 from runner.slots.lease_keeper import LeaseKeeper
 from runner.slots.pool import NoSlotFree, ReleaseRefused
 from runner.worker.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
-from runner.workspace.workspaces import WorkspaceError
+from runner.workspace.git import WorkspaceError
 from tools.builtin import write_job
 
 if TYPE_CHECKING:

@@ -3,7 +3,8 @@
 ``repos/<key>.git`` is cloned once (beside it, then renamed, so a crash never leaves a
 half cache) and fetched only when a job's base is not a commit it already holds, or
 names a branch or tag that may have moved. ``repos/<key>.lock`` guards clone, fetch,
-worktree add/remove and ref updates. The bottom layer of ``Workspaces``.
+worktree add/remove and ref updates. The bottom layer of ``Workspaces``: it uses
+no other, and holds the one git runner every layer above it shares.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ _FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 class RepoCaches:
+    """The caches of every source under ``home/repos``."""
+
     def __init__(self, home: Path) -> None:
         # Resolved once: worktree back-pointers are compared as resolved paths, and a
         # symlinked home must not make every slot look like it belongs elsewhere.
@@ -30,23 +33,28 @@ class RepoCaches:
         self.repos_dir = self.home / "repos"
         self._git = GitRunner()
 
+    @property
+    def git(self) -> GitRunner:
+        """The git runner of these caches, shared by the layers built on them."""
+        return self._git
+
     def cache_for(self, source: str) -> Path:
         src = parse_source(source)
-        with self._lock(self._cache_path(src)):
-            return self._ensure_cache(src)[0]
+        with self.lock(self.cache_path(src)):
+            return self.ensure_cache(src)[0]
 
-    def _cache_path(self, src: Source) -> Path:
+    def cache_path(self, src: Source) -> Path:
         return self.repos_dir / f"{src.key}.git"
 
     @contextmanager
-    def _lock(self, cache: Path) -> Iterator[None]:
+    def lock(self, cache: Path) -> Iterator[None]:
         cache.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(cache.with_suffix(".lock"))):
             yield
 
-    def _ensure_cache(self, src: Source) -> tuple[Path, bool]:
+    def ensure_cache(self, src: Source) -> tuple[Path, bool]:
         """Clone the cache if missing (caller holds its lock); True when just cloned."""
-        cache = self._cache_path(src)
+        cache = self.cache_path(src)
         if (cache / "HEAD").is_file():
             return cache, False
         if cache.exists():
@@ -62,27 +70,27 @@ class RepoCaches:
         partial.rename(cache)
         return cache, True
 
-    def _resolve_base(self, cache: Path, source: str, base: str, fresh: bool) -> str:
+    def resolve_base(self, cache: Path, source: str, base: str, fresh: bool) -> str:
         """The commit `base` names, fetching when it is not a commit the cache holds."""
         if not base or base.startswith("-") or any(c in base for c in "\x00\n\r"):
             raise WorkspaceError(f"base {base!r} is not a commit-ish")
-        if _FULL_SHA.fullmatch(base) and (found := self._commit_of(cache, base)):
+        if _FULL_SHA.fullmatch(base) and (found := self.commit_of(cache, base)):
             return found  # a commit id never moves: no fetch needed
         # A branch or tag name may have moved in the source since the last fetch: ask.
         if not fresh:
             self._git("--git-dir", str(cache), "fetch", "-q", "--prune", "origin", what="fetch")
-        if found := self._commit_of(cache, base):
+        if found := self.commit_of(cache, base):
             return found
         # Not on any branch or tag: a bare commit id or a ref such as refs/pull/1/head.
         status, _, _ = self._git(
             "--git-dir", str(cache), "fetch", "--quiet", "origin", base, check=False
         )
-        found = self._commit_of(cache, "FETCH_HEAD") if status == 0 else None
+        found = self.commit_of(cache, "FETCH_HEAD") if status == 0 else None
         if found and (not _FULL_SHA.fullmatch(base) or found == base):
             return found
         raise WorkspaceError(f"unknown base {base!r}: no such commit, branch or tag in {source}")
 
-    def _commit_of(self, git_dir: Path, rev: str) -> str | None:
+    def commit_of(self, git_dir: Path, rev: str) -> str | None:
         status, out, _ = self._git(
             "--git-dir",
             str(git_dir),

@@ -1,7 +1,7 @@
 """How workspace code runs git: one pinned environment and config, failures as WorkspaceError.
 
-Every git call of ``runner.workspace.workspaces`` (and its ``workspace_*`` layers) goes through
-``GitRunner``, so no call can forget the settings that make one tree give one id on
+Every git call of the workspace layers (``runner.workspace.workspaces``) goes through
+one ``GitRunner``, so no call can forget the settings that make one tree give one id on
 every host, or the switch that keeps a worker from waiting on a password prompt.
 """
 

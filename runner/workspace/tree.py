@@ -1,11 +1,13 @@
 """Slot work trees: ``slots/<id>/work/``, one linked worktree of a cache, reused job after job.
 
 ``git worktree add --detach`` makes it; it holds the checkout and its ``.git`` file,
-nothing of slotrunner's. Each job gets it back at its base, pristine (``_recycle``),
+nothing of slotrunner's. Each job gets it back at its base, pristine (``recycle``),
 and a tree git cannot make pristine is started over, once. A ``.git`` file that does
 not point back and forth between the tree and one of our caches is not adopted.
+``SlotWorkTrees`` holds the ``RepoCaches`` whose worktrees these are, and takes their
+lock and git runner.
 
-The tree id of a work tree (``_worktree_tree``) is what ``git add -A && git commit``
+The tree id of a work tree (``worktree_tree``) is what ``git add -A && git commit``
 would record at that moment, built in a temporary index so the tree's own index and
 HEAD are never touched: tracked files as they are on disk, plus **untracked** files,
 minus **ignored** files (``.gitignore``, ``info/exclude``; the host user's global
@@ -43,8 +45,19 @@ class WorkTree:
         return {"GIT_INDEX_FILE": str(self.admin / "index")}
 
 
-class SlotWorkTrees(RepoCaches):
-    def _recycle(self, work: Path, cache: Path, commit: str) -> tuple[WorkTree, str]:
+class SlotWorkTrees:
+    """The work trees of the slots under ``home/slots``, linked to the caches of ``caches``."""
+
+    def __init__(self, caches: RepoCaches) -> None:
+        self.caches = caches
+        self.slots_dir = caches.home / "slots"
+        self._git = caches.git
+
+    def is_slot_work(self, target: Path) -> bool:
+        """True when ``target`` is where a slot's work tree lives (``slots/<id>/work``)."""
+        return target.name == WORK_DIR and target.parent.parent == self.slots_dir
+
+    def recycle(self, work: Path, cache: Path, commit: str) -> tuple[WorkTree, str]:
         """Put `work` back at `commit`, pristine; returns it with its (start) tree id.
 
         The quick way first: ``checkout --force`` (index, HEAD and tracked files to the
@@ -61,8 +74,8 @@ class SlotWorkTrees(RepoCaches):
             remove_nested_git(work)
             self._git(*tree.args(), "checkout", "-q", "--force", "--detach", commit, env=tree.env())
             self._git(*tree.args(), "clean", "-ffdxq", env=tree.env())
-            start_tree = self._worktree_tree(tree)
-            if start_tree == self._tree_of(cache, commit):
+            start_tree = self.worktree_tree(tree)
+            if start_tree == self.tree_of(cache, commit):
                 return tree, start_tree
         except WorkspaceError:
             pass
@@ -71,16 +84,16 @@ class SlotWorkTrees(RepoCaches):
         self._discard(work)
         tree = self._attach(work, cache, commit)
         self._reset(tree, commit)
-        return tree, self._worktree_tree(tree)
+        return tree, self.worktree_tree(tree)
 
-    def _tree_of(self, git_dir: Path, commit: str) -> str | None:
+    def tree_of(self, git_dir: Path, commit: str) -> str | None:
         status, out, _ = self._git(
             "--git-dir", str(git_dir), "rev-parse", "--verify", "--quiet",
             "--end-of-options", f"{commit}^{{tree}}", check=False,
         )  # fmt: skip
         return out.decode().strip() if status == 0 else None
 
-    def _checkout(self, work: Path, cache: Path, commit: str) -> WorkTree:
+    def checkout(self, work: Path, cache: Path, commit: str) -> WorkTree:
         """Make `work` a pristine worktree of `cache` at `commit`, reusing it if it is one."""
         tree = self._attach(work, cache, commit)
         try:
@@ -97,11 +110,11 @@ class SlotWorkTrees(RepoCaches):
         return tree
 
     def _attach(self, work: Path, cache: Path, commit: str) -> WorkTree:
-        tree = self._worktree_of(work)
+        tree = self.worktree_of(work)
         if tree is not None and tree.cache == cache:
             return tree
         self._discard(work)
-        with self._lock(cache):
+        with self.caches.lock(cache):
             self._git("--git-dir", str(cache), "worktree", "prune")
             work.parent.mkdir(parents=True, exist_ok=True)
             # No checkout under the lock: filling a large tree would stall every other
@@ -116,7 +129,7 @@ class SlotWorkTrees(RepoCaches):
                 str(work),
                 commit,
             )
-        tree = self._worktree_of(work)
+        tree = self.worktree_of(work)
         if tree is None:
             raise WorkspaceError(f"git worktree add did not make {work} a work tree")
         return tree
@@ -138,7 +151,7 @@ class SlotWorkTrees(RepoCaches):
         )
         return bool(out.strip())
 
-    def _worktree_of(self, work: Path) -> WorkTree | None:
+    def worktree_of(self, work: Path) -> WorkTree | None:
         """The cache `work` is a linked worktree of, if it is one of ours and intact."""
         dotgit = work / ".git"
         if dotgit.is_symlink() or not dotgit.is_file():
@@ -151,7 +164,7 @@ class SlotWorkTrees(RepoCaches):
         back = admin / "gitdir"
         # Both pointers must agree: a .git file rewritten by code run in the tree must
         # not let this slot adopt another slot's worktree or a fake admin dir.
-        if admin.parent.name != "worktrees" or cache.parent != self.repos_dir:
+        if admin.parent.name != "worktrees" or cache.parent != self.caches.repos_dir:
             return None
         if not back.is_file() or Path(back.read_text().strip()).resolve() != dotgit.resolve():
             return None
@@ -159,9 +172,9 @@ class SlotWorkTrees(RepoCaches):
 
     def _discard(self, work: Path) -> None:
         """Remove `work`, deregistering it from its cache when it is a worktree of one."""
-        tree = self._worktree_of(work)
+        tree = self.worktree_of(work)
         if tree is not None:
-            with self._lock(tree.cache):
+            with self.caches.lock(tree.cache):
                 self._git(
                     "--git-dir",
                     str(tree.cache),
@@ -177,14 +190,14 @@ class SlotWorkTrees(RepoCaches):
         else:
             remove_tree(work)
 
-    def _require_worktree(self, slot_dir: Path) -> WorkTree:
+    def require_worktree(self, slot_dir: Path) -> WorkTree:
         work = Path(slot_dir).resolve() / WORK_DIR
-        tree = self._worktree_of(work)
+        tree = self.worktree_of(work)
         if tree is None:
             raise WorkspaceError(f"{work} is not a slotrunner work tree (prepare the slot first)")
         return tree
 
-    def _worktree_tree(self, tree: WorkTree) -> str:
+    def worktree_tree(self, tree: WorkTree) -> str:
         with tempfile.TemporaryDirectory(prefix="slotrunner-index-") as tmp:
             index = Path(tmp) / "index"
             real = tree.admin / "index"

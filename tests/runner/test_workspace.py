@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.workspace.workspaces import Prepared, WorkspaceError, Workspaces
+from runner.workspace.git import WorkspaceError
+from runner.workspace.workspaces import Prepared, Workspaces
 
 IDENTITY = ("-c", "user.name=Test", "-c", "user.email=test@example.com")
 
