@@ -57,12 +57,12 @@ from bench.stats import (
     paired,
     summarize,
 )
-from hooks.check_apply_envelope import DISABLE_ENV
 from ops.testing.stack import Child, start_worker
 from runner.core import events
 from runner.core.settings import Settings
 from runner.jobs.submit import submit, wait_for
 from runner.worker.celery_app import create_app
+from tools.server.service import DISABLE_ENV
 
 GOAL = Goal("<=", 15.0, "isolation overhead <= 15 % of end-to-end job time")
 

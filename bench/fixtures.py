@@ -21,14 +21,13 @@ from pathlib import Path
 import redis
 
 from bench.stats import BenchError
-from hooks.check_apply_envelope import DISABLE_ENV
 from ops.testing.stack import Child, free_port, stack_env, start_toolserver, wait_http
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.core.stamp import Stamp
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tools.server.service import CRASH_ENV
+from tools.server.service import CRASH_ENV, DISABLE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LEASE_TTL_S = 86_400  # longer than any run: an expiring lease would refuse calls mid-benchmark

@@ -4,17 +4,28 @@ A mutating call applies only when its envelope's (slot_id, generation, job_id,
 attempt) equals the slot's current stamp and the lease has not expired. The checks
 run in a fixed order so the same bad envelope always gets the same reason: the job
 first (a foreign envelope), then the generation and attempt (an older lease of the
-same job), then the slot's state and lease expiry, then the idempotency key.
+same job), then the slot's state and lease expiry, then the idempotency key and
+the receipt it may already have.
+
+:func:`verdict` is that decision, and the only one: plain values in, a reason (or
+None) out, no I/O. The tool server calls it under the slot lock
+(``tools.server.service``), the ``check_apply_envelope`` CLI calls it
+(``hooks/check_apply_envelope.py``), and the client calls it before sending
+(:func:`check`). Each caller reads the stamp and the key's receipt itself and passes
+what it found.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runner.core.ids import JobId
+from runner.core.ids import JOB_ID_RULE, JobId, valid_job_id
 from runner.core.stamp import SlotState, Stamp
+from tools import registry
+from tools.errors import ToolError
 from tools.reasons import Reason
 
 KEY_MAX_CHARS = 256
@@ -31,6 +42,57 @@ class Envelope(BaseModel):
     idempotency_key: str | None = Field(default=None, max_length=KEY_MAX_CHARS)
 
 
+class MalformedRequest(ToolError):
+    """The request is not a JSON object with the envelope's fields."""
+
+    reason = Reason.MALFORMED
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request's envelope fields as the hook CLI reads them; ``attempt`` and
+    ``slot_id`` are checked only when given (seed 004's requests have neither)."""
+
+    job_id: str
+    generation: int
+    tool: str
+    attempt: int | None = None
+    slot_id: str | None = None
+    idempotency_key: str | None = None
+
+
+def parse_request(raw: object) -> Request:
+    """The envelope fields of a decoded JSON request; :class:`MalformedRequest` naming
+    the first field that is missing or of the wrong type."""
+    if not isinstance(raw, dict):
+        raise MalformedRequest("the request must be a JSON object")
+    missing = [name for name in ("job_id", "generation", "tool") if name not in raw]
+    if missing:
+        raise MalformedRequest(f"the request lacks {', '.join(missing)}")
+    job_id, generation, tool = raw["job_id"], raw["generation"], raw["tool"]
+    attempt, key = raw.get("attempt"), raw.get("idempotency_key")
+    if not valid_job_id(job_id):
+        raise MalformedRequest(f"job_id must be {JOB_ID_RULE}")
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        raise MalformedRequest("generation must be an integer")
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+        raise MalformedRequest("attempt must be an integer")
+    if not isinstance(tool, str) or not tool:
+        raise MalformedRequest("tool must be a non-empty string")
+    if key is not None and not isinstance(key, str):
+        raise MalformedRequest("idempotency_key must be a string")
+    slot_id = raw.get("slot_id")
+    if "slot_id" in raw and not isinstance(slot_id, str):
+        slot_id = ""  # given, but names no slot: never the stamp's (a mismatch, not malformed)
+    return Request(job_id, generation, tool, attempt, slot_id, key)
+
+
+def is_mutating(tool: str) -> bool:
+    """Whether a call of ``tool`` changes the tree; an unknown tool fails closed (yes)."""
+    spec = registry.get(tool)
+    return spec.mutating if spec is not None else True
+
+
 def verdict(
     stamp: Stamp,
     *,
@@ -40,8 +102,17 @@ def verdict(
     idempotency_key: str | None,
     mutating: bool,
     now: datetime,
+    slot_id: str | None = None,
+    key_holder: str | None = None,
 ) -> Reason | None:
-    """None when the call may proceed; otherwise the reason it is refused."""
+    """None when the call may proceed; otherwise the reason it is refused.
+
+    ``slot_id`` is compared with the stamp's when given. ``key_holder`` is the job
+    that the key's receipt (of any status) already names, None when the key has no
+    receipt: a key is bound to its first job forever (I2).
+    """
+    if slot_id is not None and slot_id != stamp.slot_id:
+        return Reason.SLOT_JOB_MISMATCH
     if stamp.job_id != job_id:
         return Reason.SLOT_JOB_MISMATCH
     if stamp.generation != generation:
@@ -58,6 +129,8 @@ def verdict(
         return Reason.LEASE_EXPIRED
     if mutating and not idempotency_key:
         return Reason.MISSING_IDEMPOTENCY_KEY
+    if idempotency_key and key_holder is not None and key_holder != job_id:
+        return Reason.KEY_BOUND_TO_OTHER_JOB
     return None
 
 

@@ -26,7 +26,6 @@ from typing import Any
 import httpx
 import redis
 
-from hooks.check_apply_envelope import DISABLE_ENV
 from ops.demo.sample_repo import init_repo
 from ops.testing.stack import (
     Child,
@@ -41,6 +40,7 @@ from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
+from tools.server.service import DISABLE_ENV
 
 LOCK_PY = "held_by = None\n"
 A_PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py

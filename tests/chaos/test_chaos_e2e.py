@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from hooks.check_apply_envelope import DISABLE_ENV
 from ops.testing.chaos.campaign import ChaosConfig, run_campaign
 from ops.testing.chaos.report import REPORT_JSON, REPORT_TXT
 from runner.worker.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
+from tools.server.service import DISABLE_ENV
 
 OWNERSHIP = ("stale_generation_apply", "cross_job_apply")
 

@@ -1,4 +1,4 @@
-"""The pre-apply hook, as the CLI of DESIGN §5: every exit code and every bad input."""
+"""The pre-apply hook's CLI: every exit code and every bad input, without a traceback."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from hooks.check_apply_envelope import EXIT_CODES, check_apply_envelope, main
-from runner.core.stamp import SlotState, Stamp, iso, utc_now, write_stamp
+from hooks.check_apply_envelope import EXIT_CODES, main
+from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now, write_stamp
+from tools.envelope import is_mutating, parse_request, verdict
 from tools.reasons import Reason
 from tools.receipts.store import ReceiptStore, Status
 
@@ -205,11 +206,50 @@ def test_missing_request_file_exits_65(tmp_path: Path) -> None:
     assert "nope.json" in proc.stderr
 
 
-def test_bad_usage_exits_64(tmp_path: Path) -> None:
-    """Missing arguments are bad usage (64), with argparse's explanation."""
-    proc = run_cli("--slot", str(tmp_path))
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--slot", "S"), "--request"),
+        (("--request", "r.json"), "--slot"),
+        (("--slot", "S", "--request"), "--request"),
+        (("--slot", "S", "--request", "r.json", "--bogus"), "--bogus"),
+        (("--slot", "S", "--request", "r.json", "extra"), "extra"),
+    ],
+)
+def test_bad_usage_exits_64(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+    """Missing, unknown or extra arguments are bad usage (64, not click's 2), explained."""
+    proc = run_cli(*args)
     assert proc.returncode == 64
-    assert "--request" in proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_exits_zero_and_lists_the_exit_codes() -> None:
+    """--help is not bad usage: it prints the options and the exit codes, exit 0."""
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert "--slot" in proc.stdout and "66 no stamp" in proc.stdout
+
+
+def test_a_slot_path_that_is_a_file_exits_66(tmp_path: Path) -> None:
+    """A --slot that is not a directory cannot hold a stamp: 66, no traceback."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    proc = run_cli("--slot", str(not_a_dir), "--request", str(request(tmp_path)))
+    assert proc.returncode == 66
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_request_that_is_a_directory_or_too_deep_exits_65(tmp_path: Path) -> None:
+    """A request path naming a directory, or JSON nested past the parser, is malformed."""
+    slot = leased_slot(tmp_path)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for path in (tmp_path, deep):
+        proc = run_cli("--slot", str(slot), "--request", str(path))
+        assert proc.returncode == 65, proc.stderr
+        assert "malformed request" in proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 def test_request_from_stdin(tmp_path: Path) -> None:
@@ -226,16 +266,21 @@ def test_request_from_stdin(tmp_path: Path) -> None:
 
 
 def test_exit_codes_cover_every_refusal_the_hook_can_give(tmp_path: Path) -> None:
-    """The function and the CLI agree: main() returns the code of the function's reason."""
+    """The pure verdict and the CLI agree: the CLI exits with the code of its reason."""
     slot = leased_slot(tmp_path)
-    req = json.loads(request(tmp_path, generation=2).read_text())
-    from runner.core.stamp import read_stamp
-
+    req = parse_request(json.loads(request(tmp_path, generation=2).read_text()))
     stamp = read_stamp(slot)
     assert stamp is not None
-    reason = check_apply_envelope(slot, stamp, req, utc_now())
-    assert reason is Reason.STALE_GENERATION
-    assert (
-        main(["--slot", str(slot), "--request", str(request(tmp_path, generation=2))])
-        == EXIT_CODES[reason]
+    reason = verdict(
+        stamp,
+        job_id=req.job_id,
+        generation=req.generation,
+        attempt=req.attempt,
+        idempotency_key=req.idempotency_key,
+        mutating=is_mutating(req.tool),
+        now=utc_now(),
+        slot_id=req.slot_id,
     )
+    assert reason is Reason.STALE_GENERATION
+    args = ["--slot", str(slot), "--request", str(request(tmp_path, generation=2))]
+    assert main.main(args, standalone_mode=False) == EXIT_CODES[reason]

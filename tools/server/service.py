@@ -21,13 +21,12 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
-from hooks.check_apply_envelope import DISABLE_ENV, check_apply_envelope
 from runner.core import events
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
-from runner.core.stamp import SlotState, read_stamp, utc_now, valid_slot_id, write_stamp
+from runner.core.stamp import SlotState, Stamp, read_stamp, utc_now, valid_slot_id, write_stamp
 from tools import builtin, paths, registry
-from tools.envelope import Envelope
+from tools.envelope import Envelope, verdict
 from tools.reasons import Reason, ToolError
 from tools.receipts.resolve import observe
 from tools.receipts.store import (
@@ -38,6 +37,10 @@ from tools.receipts.store import (
     Status,
 )
 
+# Test-only switch: with this set in the tool server's environment the envelope check
+# lets every call through (the detector and the chaos campaign prove they catch a
+# cross-job apply when the fence is broken). Never set it in production.
+DISABLE_ENV = "SLOTRUNNER_TEST_DISABLE_ENVELOPE_HOOK"
 # Test-only fault injection: "after_effect:<tool>" SIGKILLs this process after the
 # effect and before its outcome is recorded (the "executed, then crashed" fault).
 CRASH_ENV = "SLOTRUNNER_TEST_CRASH_AT"
@@ -167,9 +170,7 @@ class ToolService:
                 _mark_poisoned(slot_dir, f"receipt store failed: {store.broken}")
             return refused(409, Reason.SLOT_POISONED, f"slot poisoned: {store.broken}", **log)
         if not self.fence_disabled:
-            reason = check_apply_envelope(
-                slot_dir, stamp, envelope.model_dump(), self.clock(), receipts=store
-            )
+            reason = _fence(stamp, envelope, spec.mutating, store, self.clock())
             if reason is not None:
                 holder = f"{stamp.job_id}@{stamp.generation}"
                 return refused(409, reason, f"{reason.value}: the slot is held by {holder}", **log)
@@ -406,6 +407,25 @@ class ToolService:
                         }
                     )
         return resolved
+
+
+def _fence(
+    stamp: Stamp, envelope: Envelope, mutating: bool, store: ReceiptStore, now: datetime
+) -> Reason | None:
+    """The envelope's verdict against the slot's stamp and the key's receipt (I1, I2)."""
+    key = envelope.idempotency_key
+    bound = store.lookup(key) if key else None
+    return verdict(
+        stamp,
+        job_id=envelope.job_id,
+        generation=envelope.generation,
+        attempt=envelope.attempt,
+        idempotency_key=key,
+        mutating=mutating,
+        now=now,
+        slot_id=envelope.slot_id,
+        key_holder=bound.job_id if bound is not None else None,
+    )
 
 
 def _mark_poisoned(slot_dir: Path, reason: str) -> None:
