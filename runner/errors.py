@@ -27,7 +27,7 @@ as a second base (marked ``+``)::
     │                                    snapshot operation failed
     ├── AttemptFloorError                runner.worker.attempt_floor: the host's attempt
     │                                    floor cannot be read, locked or made durable
-    ├── AdmissionError                   runner.admission.desk
+    ├── AdmissionError                   runner.admission.lease
     │   ├── AdmissionRefused             no capacity held: the request must not be sent
     │   ├── StaleCompletion              a completion whose lease is no longer live
     │   └── DeskMismatch                 the eval-run's desk has another bound

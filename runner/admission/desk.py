@@ -8,24 +8,8 @@ commits it iff its lease is still live and no other completion holds its step. A
 local timeout calls :meth:`expire`, which fences the late body without returning
 the capacity: the request may still be running in the backend. Capacity comes
 back only on :meth:`release`, exactly once per lease. The lease state machine is
-``runner/admission/table.py``; the scripts that apply it, ``runner/admission/lua.py``.
-
-Redis keys (``E`` is the eval-run; the ``{E}`` hash tag keeps one desk in one
-cluster slot, so every script touches a single slot):
-
-    admission:{E}:desk       HASH  bound, epoch, in_flight, generation, ticket,
-                                   created_ms and recovering_until_ms (server clock),
-                                   and the counters acquired, refused, expired,
-                                   cancelled, released, stale_completion,
-                                   duplicate_completion, double_release,
-                                   stale_release, adopted, underflow_prevented,
-                                   recoveries
-    admission:{E}:leases     HASH  lease id -> JSON {state, generation, step, epoch};
-                                   released leases stay, so a second release is
-                                   recognised as one
-    admission:{E}:committed  HASH  step -> lease id of the one completion committed
-    admission:{E}:waiting    ZSET  "<expiry_ms>:<lease id>" scored by arrival ticket:
-                                   the bounded FIFO of callers waiting for capacity
+``runner/admission/table.py``; the scripts that apply it, ``runner/admission/lua.py``;
+the lease, the desk's Redis keys and its errors, ``runner/admission/lease.py``.
 
 Redis restarted empty (or the desk's keys lost): the next call re-creates the desk
 with a new random ``epoch``, and ``in_flight`` is rebuilt from the lease records
@@ -64,42 +48,22 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from runner.admission.lua import ACQUIRE_LUA, GIVE_UP_LUA, TRANSITION_LUA
-from runner.admission.table import (
-    TRANSITIONS,
-    LeaseState,
-    Op,
-    Result,
-    Transition,
-    transition,
+from runner.admission.lease import (
+    AdmissionRefused,
+    DeskKeys,
+    DeskMismatch,
+    Lease,
+    RefusalReason,
+    StaleCompletion,
 )
-from runner.admission.witness import UNREADABLE, EpochWitness
-from runner.errors import RunnerError
-
-__all__ = [
-    "DEFAULT_RECOVERY_HOLD_S",
-    "TRANSITIONS",
-    "AdmissionDesk",
-    "AdmissionError",
-    "AdmissionRefused",
-    "DeskKeys",
-    "DeskMismatch",
-    "Lease",
-    "LeaseState",
-    "Op",
-    "RefusalReason",
-    "Result",
-    "StaleCompletion",
-    "Transition",
-    "transition",
-]
+from runner.admission.lua import ACQUIRE_LUA, GIVE_UP_LUA, TRANSITION_LUA
+from runner.admission.table import TRANSITIONS, LeaseState, Op, Result
+from runner.admission.witness import EpochMemory, EpochWitness
 
 DEFAULT_MAX_WAITING = 64
 DEFAULT_POLL_S = 0.05
@@ -112,64 +76,6 @@ WAITER_GRACE_S = 5.0
 DEFAULT_RECOVERY_HOLD_S = 1260.0
 
 _EVAL_RUN = re.compile(r"[^\s{}]{1,200}")
-
-
-class RefusalReason(StrEnum):
-    BOUND = "bound"  # at the bound and the caller may not wait
-    QUEUE_FULL = "queue_full"  # at the bound and max_waiting callers already wait
-    DEADLINE = "deadline"  # waited until the deadline without getting capacity
-    RECOVERING = "recovering"  # the desk was lost and re-created: no grant until the hold ends
-    NO_WITNESS = "no_witness"  # this host cannot record the epoch it was granted in
-
-
-class AdmissionError(RunnerError):
-    """Base of the admission desk's errors."""
-
-
-class AdmissionRefused(AdmissionError):
-    """No capacity could be held for this request: it must not be sent."""
-
-    def __init__(self, reason: RefusalReason, eval_run: str) -> None:
-        super().__init__(f"admission refused for eval-run {eval_run!r}: {reason.value}")
-        self.reason = reason
-
-
-class StaleCompletion(AdmissionError):
-    """A completion whose lease is no longer live: its text must not be applied."""
-
-    def __init__(self, reason: LeaseState, lease: Lease) -> None:
-        super().__init__(
-            f"stale completion for step {lease.step} (lease {lease.lease_id}, "
-            f"generation {lease.generation}): lease is {reason.value}"
-        )
-        self.reason = reason
-        self.lease = lease
-
-
-class DeskMismatch(AdmissionError):
-    """The eval-run's desk exists with another bound than this caller's."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    lease_id: str
-    generation: int
-    step: int
-    epoch: str
-
-
-@dataclass(frozen=True)
-class DeskKeys:
-    desk: str
-    leases: str
-    committed: str
-    waiting: str
-
-    @classmethod
-    def of(cls, eval_run: str) -> DeskKeys:
-        base = f"admission:{{{eval_run}}}"
-        return cls(f"{base}:desk", f"{base}:leases", f"{base}:committed", f"{base}:waiting")
-
 
 # The desk's counts: the fixed fields, then every counter the transition table names.
 _STAT_FIELDS = (
@@ -226,8 +132,7 @@ class AdmissionDesk:
         self._sleep = sleep
         self._poll_s = poll_s
         self._hold_ms = math.ceil(recovery_hold_s * 1000)
-        self._seen_epoch: str | None = None  # the desk's epoch at this object's last call
-        self._witnessed: str | None = None  # the epoch the witness file is known to hold
+        self._epochs = EpochMemory(self.witness)
         self._acquire_script = redis_client.register_script(ACQUIRE_LUA)
         self._give_up_script = redis_client.register_script(GIVE_UP_LUA)
         self._transition_script = redis_client.register_script(TRANSITION_LUA)
@@ -266,7 +171,7 @@ class AdmissionDesk:
                         ],
                     )
                 ]
-                witnessed = self._saw(reply[-1])
+                witnessed = self._epochs.saw(reply[-1])
                 if reply[0] == "granted":
                     waiter = ""
                     lease = Lease(lease_id, int(reply[1]), step, reply[2])
@@ -349,31 +254,7 @@ class AdmissionDesk:
 
     def _desk_args(self) -> list[str | int]:
         """bound, new_epoch, seen_epoch, hold_ms: what every script takes first."""
-        return [self.bound, uuid.uuid4().hex, self._evidence(), self._hold_ms]
-
-    def _evidence(self) -> str:
-        """An epoch of this desk seen before ('' when none): a sign a desk existed."""
-        if self._seen_epoch is not None:
-            return self._seen_epoch
-        if self.witness is None:
-            return ""
-        recorded = self.witness.read()
-        if recorded is not None and recorded != UNREADABLE:
-            self._witnessed = recorded
-        return recorded or ""
-
-    def _saw(self, epoch: str) -> bool:
-        """Remember the desk's epoch, and record it in the witness file when it is new
-        there; False when that record failed (it is tried again at the next call)."""
-        self._seen_epoch = epoch
-        if self.witness is None or epoch == self._witnessed:
-            return True
-        try:
-            self.witness.record(epoch)
-        except (OSError, ValueError):
-            return False
-        self._witnessed = epoch
-        return True
+        return [self.bound, uuid.uuid4().hex, self._epochs.evidence(), self._hold_ms]
 
     def _refuse_unwitnessed(self, lease: Lease) -> None:
         """A lease this host could not witness: after a Redis loss a fresh process here
@@ -387,7 +268,7 @@ class AdmissionDesk:
             keys=[self.keys.desk, self.keys.leases, self.keys.waiting],
             args=[*self._desk_args(), waiter],
         )
-        self._saw(_text(epoch))
+        self._epochs.saw(_text(epoch))
 
     def _transition(self, op: Op, lease: Lease) -> tuple[Result, LeaseState]:
         if not isinstance(lease, Lease):
@@ -403,5 +284,5 @@ class AdmissionDesk:
                 lease.epoch,
             ],
         )
-        self._saw(_text(reply[2]))
+        self._epochs.saw(_text(reply[2]))
         return Result(_text(reply[0])), LeaseState(_text(reply[1]))

@@ -5,7 +5,8 @@ that starts afterwards would take the re-created desk for a first use and grant
 leases next to requests of the lost epoch that are still running in the backend.
 The witness file survives the wipe, so the epoch it holds is evidence that a desk
 existed before, and the re-created desk starts in its recovery hold
-(``runner/admission/desk.py``).
+(``runner/admission/desk.py``). :class:`EpochMemory` is what one desk object knows:
+the last epoch it saw, and this file.
 
 Layout, inside ``$SLOTRUNNER_HOME``::
 
@@ -82,3 +83,39 @@ class EpochWitness:
         with _WRITING:
             ensure_dir(self.path.parent)
             replace_file(self.path, data)
+
+
+class EpochMemory:
+    """What one desk object knows of its desk's epochs: the last it saw, and its witness.
+
+    ``witness`` is the host's file (None: only this object remembers).
+    """
+
+    def __init__(self, witness: EpochWitness | None) -> None:
+        self.witness = witness
+        self._seen: str | None = None  # the desk's epoch at this object's last call
+        self._witnessed: str | None = None  # the epoch the witness file is known to hold
+
+    def evidence(self) -> str:
+        """An epoch of this desk seen before ('' when none): a sign a desk existed."""
+        if self._seen is not None:
+            return self._seen
+        if self.witness is None:
+            return ""
+        recorded = self.witness.read()
+        if recorded is not None and recorded != UNREADABLE:
+            self._witnessed = recorded
+        return recorded or ""
+
+    def saw(self, epoch: str) -> bool:
+        """Remember the desk's epoch, and record it in the witness file when it is new
+        there; False when that record failed (it is tried again at the next call)."""
+        self._seen = epoch
+        if self.witness is None or epoch == self._witnessed:
+            return True
+        try:
+            self.witness.record(epoch)
+        except (OSError, ValueError):
+            return False
+        self._witnessed = epoch
+        return True

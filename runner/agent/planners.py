@@ -31,7 +31,8 @@ import httpx
 import redis
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from runner.admission.desk import AdmissionDesk, AdmissionRefused, Lease, StaleCompletion
+from runner.admission.desk import AdmissionDesk
+from runner.admission.lease import AdmissionRefused, Lease, StaleCompletion
 from runner.errors import RunnerError
 from runner.jobs.models import OpenAIPlanner, Step, StepRecord
 from tools import classifier, registry

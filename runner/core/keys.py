@@ -31,7 +31,7 @@
     slotrunner:rejected                           hash  reason -> jobs rejected for it
                                                           (no_slot, deadline), bumped by the
                                                           same script that commits the result
-    admission:{eval_run}:*                              see runner/admission/desk.py
+    admission:{eval_run}:*                              see runner/admission/lease.py
 
 None of them may be evicted: a worker refuses to start against a Redis whose
 ``maxmemory-policy`` evicts keys (runner/worker/preflight.py).

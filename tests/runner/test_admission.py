@@ -13,18 +13,15 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from runner.admission.desk import (
-    TRANSITIONS,
-    AdmissionDesk,
+from runner.admission.desk import AdmissionDesk
+from runner.admission.lease import (
     AdmissionRefused,
     DeskMismatch,
     Lease,
-    LeaseState,
-    Op,
     RefusalReason,
     StaleCompletion,
-    transition,
 )
+from runner.admission.table import TRANSITIONS, LeaseState, Op, transition
 from tests.support.clock import FakeClock
 
 DeskFactory = Callable[..., AdmissionDesk]

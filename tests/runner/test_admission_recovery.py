@@ -12,12 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.admission.desk import (
-    AdmissionDesk,
-    AdmissionRefused,
-    RefusalReason,
-    StaleCompletion,
-)
+from runner.admission.desk import AdmissionDesk
+from runner.admission.lease import AdmissionRefused, RefusalReason, StaleCompletion
 from runner.admission.witness import UNREADABLE, EpochWitness, witness_path
 from runner.agent.planners import RECOVERY_GRACE_S, admission_desk, http_timeout_s
 from runner.core.durable import FAIL_FSYNC_MARKER
