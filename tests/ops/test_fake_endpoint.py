@@ -318,7 +318,7 @@ def _send_raw(port: int, request: dict[str, Any]) -> socket.socket:
 
 def _give_up_then_read_late(sock: socket.socket) -> tuple[bytes, bytes]:
     sock.settimeout(0.1)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match="timed out"):
         sock.recv(1)  # the client's own timeout fires: it gives up here
     sock.settimeout(15)
     chunks = []

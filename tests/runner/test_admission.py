@@ -180,7 +180,7 @@ def test_beyond_max_waiting_is_refused_at_once(make_desk: DeskFactory) -> None:
             reasons.append(exc.reason)
 
     clock.on_sleep = second_caller
-    with pytest.raises(AdmissionRefused):
+    with pytest.raises(AdmissionRefused, match=r": deadline$"):
         desk.acquire(2, 0.1)
     assert reasons == [RefusalReason.QUEUE_FULL]
     assert desk.stats()["refused"] == 2
@@ -227,7 +227,7 @@ def test_expire_fences_the_late_completion_but_keeps_capacity(make_desk: DeskFac
         desk.apply(lease)
     assert stale.value.reason is LeaseState.EXPIRED
     assert desk.committed_lease(4) is None
-    with pytest.raises(AdmissionRefused):
+    with pytest.raises(AdmissionRefused, match=r": bound$"):
         desk.acquire(5, 0)  # the expired request still holds the only slot
     assert desk.release(lease) is True
     assert desk.stats()["in_flight"] == 0
@@ -240,7 +240,7 @@ def test_seed_sequence_timeout_retry_and_late_body(make_desk: DeskFactory) -> No
     desk.expire(original)
     retry = desk.acquire(7, 0)
     assert retry.generation > original.generation
-    with pytest.raises(StaleCompletion):
+    with pytest.raises(StaleCompletion, match="lease is expired"):
         desk.apply(original)
     assert desk.apply(retry) is True
     assert desk.committed_lease(7) == retry.lease_id
@@ -282,7 +282,7 @@ def test_cancel_keeps_capacity_until_the_release_confirms(make_desk: DeskFactory
     lease = desk.acquire(1, 0)
     assert desk.cancel(lease) is True
     assert desk.cancel(lease) is False
-    with pytest.raises(AdmissionRefused):
+    with pytest.raises(AdmissionRefused, match=r": bound$"):
         desk.acquire(2, 0)
     with pytest.raises(StaleCompletion) as stale:
         desk.apply(lease)

@@ -70,7 +70,7 @@ def test_fail_fsync_marker_fails_appends_and_replaces(tmp_path: Path) -> None:
             append_record_fd(fd, b"x\n", tmp_path)
     finally:
         os.close(fd)
-    with pytest.raises(DurabilityError):
+    with pytest.raises(DurabilityError, match="injected EIO"):
         replace_file(tmp_path / "state.json", b"{}\n")
 
 

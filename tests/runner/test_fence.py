@@ -89,7 +89,8 @@ def test_the_fence_admits_only_the_lease_it_was_given(settings: Settings) -> Non
     with fenced(slot_dir, lease, job, 2) as current:
         assert current == lease
     for other_job, attempt in ((job, 1), ("someone-else", 2)):
-        with pytest.raises(LeaseLostError), fenced(slot_dir, lease, other_job, attempt):
+        lost = f"is no longer the lease of {other_job} attempt {attempt}"
+        with pytest.raises(LeaseLostError, match=lost), fenced(slot_dir, lease, other_job, attempt):
             pass
     pool.release(lease.slot_id, job, lease.generation)
     with pytest.raises(LeaseLostError, match="stamp:"), fenced(slot_dir, lease, job, 2):

@@ -149,9 +149,10 @@ def test_a_live_attempt_keeps_an_expired_lease(settings: Settings) -> None:
     [reclaimed] = janitor.sweep()
     assert reclaimed.slot_id == lease.slot_id and reclaimed.reason == LEASE_EXPIRED
     # The old lease can neither renew nor release any more.
-    with pytest.raises(ReleaseRefused):
+    lost = f"no longer leased to {job}@{lease.generation}"
+    with pytest.raises(ReleaseRefused, match=lost):
         pool.renew(lease.slot_id, job, lease.generation, 60)
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(ReleaseRefused, match=f"is not leased to {job} at generation"):
         pool.release(lease.slot_id, job, lease.generation)
 
 
@@ -178,7 +179,7 @@ def test_cancel_requested_keeps_the_lease_until_release(settings: Settings) -> N
     marked = pool.request_cancel(lease.slot_id, job, lease.generation, "cancel requested")
     assert marked.state == SlotState.CANCEL_REQUESTED
     assert janitor.sweep() == []
-    with pytest.raises(NoSlotFree):
+    with pytest.raises(NoSlotFree, match="all 1 slots stayed busy"):
         pool.lease("someone-else", 1)
     pool.release(lease.slot_id, job, lease.generation)
     assert pool.lease("someone-else", 1).generation == lease.generation + 1

@@ -90,7 +90,8 @@ def test_second_release_is_refused_and_logged(settings: Settings) -> None:
     stamp = pool.lease("job-A", 1)
     pool.release(stamp.slot_id, "job-A", stamp.generation)
     again = pool.lease("job-B", 1)  # the slot may be recycled meanwhile
-    with pytest.raises(ReleaseRefused):
+    refused = f"is not leased to job-A at generation {stamp.generation} \\(leased job-B@"
+    with pytest.raises(ReleaseRefused, match=refused):
         pool.release(stamp.slot_id, "job-A", stamp.generation)
     current = read_stamp(settings.slots_dir / again.slot_id)
     assert current is not None and current.job_id == "job-B" and current.state == SlotState.LEASED

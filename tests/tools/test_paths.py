@@ -30,7 +30,7 @@ from tools.paths import (
     write_at,
     write_bytes,
 )
-from tools.reasons import Reason, ToolError
+from tools.reasons import Reason
 
 SECRET = b"outside secret\n"
 SIBLING = b"sibling slot secret\n"
@@ -341,8 +341,10 @@ def test_work_root_that_is_a_symlink_is_refused(env: Env) -> None:
     fake = env.root / "slots" / "S3" / "work"
     fake.parent.mkdir()
     os.symlink(env.sibling, fake)
-    with pytest.raises(OSError):
+    # O_DIRECTORY|O_NOFOLLOW on the root itself: the link is not a directory to enter.
+    with pytest.raises(NotADirectoryError) as info:
         read_bytes(fake, "secret.txt", MAX_BYTES)
+    assert info.value.filename == str(fake)
 
 
 # --- swaps between the check and the write -------------------------------------------
@@ -364,7 +366,7 @@ def test_last_component_swapped_for_outward_symlink_is_refused(env: Env) -> None
     with open_parent(env.work, "sub/f.txt") as (dir_fd, name):
         os.unlink(env.work / "sub" / "f.txt")
         os.symlink(env.outside / "secret", env.work / "sub" / "f.txt")
-        with pytest.raises(PathRefused):
+        with pytest.raises(PathRefused, match="'sub/f.txt' is not a regular file"):
             write_at(dir_fd, name, b"pwned", "sub/f.txt")
     assert (env.outside / "secret").read_bytes() == SECRET
     assert os.readlink(env.work / "sub" / "f.txt") == str(env.outside / "secret")
@@ -434,7 +436,7 @@ def test_overwrite_is_atomic_and_keeps_mode(env: Env) -> None:
 
 def test_read_larger_than_limit_is_too_large(env: Env) -> None:
     """A file over max_bytes is refused with reason too_large."""
-    with pytest.raises(ToolError) as info:
+    with pytest.raises(ToolError, match="'README' is larger than 3 bytes") as info:
         read_bytes(env.work, "README", 3)
     assert info.value.reason == Reason.TOO_LARGE
     assert read_bytes(env.work, "README", 7) == b"readme\n"
@@ -443,10 +445,13 @@ def test_read_larger_than_limit_is_too_large(env: Env) -> None:
 def test_absent_files(env: Env) -> None:
     """Absent files raise FileNotFoundError on read and remove; digest_of gives None."""
     for relpath in ("nope", "sub/nope", "nodir/x", "README/x"):
-        with pytest.raises(FileNotFoundError):
+        # The tool's own answer, naming the path: not the OS's for a missing work root.
+        with pytest.raises(FileNotFoundError, match="no such file in the work tree") as info:
             read_bytes(env.work, relpath, MAX_BYTES)
-        with pytest.raises(FileNotFoundError):
+        assert info.value.filename == relpath
+        with pytest.raises(FileNotFoundError, match="no such file in the work tree") as info:
             remove(env.work, relpath)
+        assert info.value.filename == relpath
         assert digest_of(env.work, relpath) is None
 
 
@@ -457,14 +462,15 @@ def test_digest_of_is_sha256_of_content(env: Env) -> None:
 
 def test_directories_are_not_files(env: Env) -> None:
     """Reading, writing or removing a directory is a clear ToolError, not a refusal."""
-    for call in (
-        lambda: read_bytes(env.work, "sub", MAX_BYTES),
-        lambda: write_bytes(env.work, "sub", b"x"),
-        lambda: remove(env.work, "sub"),
-        lambda: write_bytes(env.work, "README/x", b"x"),
-        lambda: list_dir(env.work, "README"),
-    ):
-        with pytest.raises(ToolError) as info:
+    calls: list[tuple[Callable[[], object], str]] = [
+        (lambda: read_bytes(env.work, "sub", MAX_BYTES), "'sub' is a directory"),
+        (lambda: write_bytes(env.work, "sub", b"x"), "'sub' is a directory"),
+        (lambda: remove(env.work, "sub"), "'sub' is a directory; rm removes files only"),
+        (lambda: write_bytes(env.work, "README/x", b"x"), "'README' is not a directory"),
+        (lambda: list_dir(env.work, "README"), "'README' is not a directory"),
+    ]
+    for call, problem in calls:
+        with pytest.raises(ToolError, match=problem) as info:
             call()
         assert info.value.reason == Reason.MALFORMED
     assert (env.work / "sub" / "f.txt").exists()
@@ -489,9 +495,10 @@ def test_move_file_into_new_dir_and_over_existing(env: Env) -> None:
     assert (env.work / "docs" / "README.md").read_text() == "inner\n"
     move(env.work, "docs", "documentation")
     assert (env.work / "documentation" / "README.md").exists()
-    with pytest.raises(ToolError):
+    with pytest.raises(ToolError, match="cannot move 'documentation' into itself") as info:
         move(env.work, "documentation", "documentation/inner")
-    with pytest.raises(FileNotFoundError):
+    assert info.value.reason == Reason.MALFORMED
+    with pytest.raises(FileNotFoundError, match="no such file in the work tree"):
         move(env.work, "nope", "x")
 
 
@@ -505,7 +512,7 @@ def test_list_dir_sorted_without_dotgit(env: Env) -> None:
     ]
     assert list_dir(env.work, ".") == expected
     assert list_dir(env.work, "l") == [{"name": "f.txt", "type": "file", "size": 6}]
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="no such file in the work tree"):
         list_dir(env.work, "nope")
 
 

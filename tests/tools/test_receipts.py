@@ -278,9 +278,10 @@ def test_fsync_eio_is_never_retried(slot: Path, monkeypatch: pytest.MonkeyPatch)
         _begin(store, "k1")
     assert info.value.reason is Reason.OUTCOME_UNKNOWN
     assert len(calls) == 1
-    with pytest.raises(ReceiptDurabilityError):
+    never_again = "is not written after an earlier failure"
+    with pytest.raises(ReceiptDurabilityError, match=never_again):
         store.finish(intent, Status.APPLIED)
-    with pytest.raises(ReceiptDurabilityError):
+    with pytest.raises(ReceiptDurabilityError, match=never_again):
         _begin(store, "k2")
     assert len(calls) == 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -80,7 +81,7 @@ elif stage == "fork":
             if os.getpid() == root and not told:
                 print("fork refused: errno %d" % e.errno, flush=True)
                 told = True
-            time.sleep(0.05)
+            time.sleep(0.05)  # the fault itself: every child stays alive, at the limit
 elif stage == "alloc":
     hoard = []
     while True:
@@ -100,6 +101,7 @@ elif stage == "fds":
     except OSError as e:
         print(json.dumps({"held": len(held), "errno": e.errno}))
 elif stage == "sleep":
+    # The fault itself: a command and its daemon that never end; the wall clock must.
     if os.fork() == 0:
         os.setsid()  # a daemon that left the process group
         time.sleep(3600)
@@ -339,7 +341,7 @@ def test_a_bwrap_that_does_not_confine_fails_the_self_test(host: Host, tmp_path:
     assert not test.ok and test.bwrap == str(fake)
     assert "escape" in test.detail or "network" in test.detail
     assert not [p for p in Path("/").iterdir() if p.name.startswith(".slotrunner-probe-")]
-    with pytest.raises(SandboxUnavailable):
+    with pytest.raises(SandboxUnavailable, match=f"unavailable: {re.escape(test.detail)}"):
         sandbox.run(["/bin/true"], host.work, mode="required", path_env=str(tmp_path))
     result = sandbox.run(["/bin/true"], host.work, mode="auto", path_env=str(tmp_path))
     assert result.mode == "none" and result.warning is not None
@@ -359,14 +361,14 @@ def test_a_broken_bwrap_fails_the_self_test(tmp_path: Path) -> None:
 
 def test_bad_input_is_refused_clearly(host: Host) -> None:
     """An empty or string argv, a missing work dir, a bad mode or a zero limit is malformed."""
-    cases: list[tuple[object, Path, str]] = [
-        ([], host.work, "off"),
-        ("ls -l", host.work, "off"),
-        (["ls"], host.work / "missing", "off"),
-        (["ls"], host.work, "sometimes"),
+    cases: list[tuple[object, Path, str, str]] = [
+        ([], host.work, "off", "argv must be a non-empty list"),
+        ("ls -l", host.work, "off", "argv must be a non-empty list"),
+        (["ls"], host.work / "missing", "off", "work dir .*/missing does not exist"),
+        (["ls"], host.work, "sometimes", "mode 'sometimes': expected required"),
     ]
-    for argv, work, mode in cases:
-        with pytest.raises(ToolError) as caught:
+    for argv, work, mode, problem in cases:
+        with pytest.raises(ToolError, match=problem) as caught:
             sandbox.run(argv, work, mode=mode)  # type: ignore[arg-type]
         assert caught.value.reason is Reason.MALFORMED
     with pytest.raises(ToolError, match="wall_s=0"):
