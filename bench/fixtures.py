@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import os
 import random
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ import redis
 
 from bench.stats import BenchError
 from ops.testing.stack import Child, free_port, stack_env, start_toolserver, wait_http
+from runner.core.git import run_git, stderr_of
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.core.stamp import Stamp
@@ -31,13 +31,6 @@ from tools.server.service import CRASH_ENV, DISABLE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LEASE_TTL_S = 86_400  # longer than any run: an expiring lease would refuse calls mid-benchmark
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench",
-    "GIT_AUTHOR_EMAIL": "bench@localhost",
-    "GIT_COMMITTER_NAME": "bench",
-    "GIT_COMMITTER_EMAIL": "bench@localhost",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
 
 
 @dataclass
@@ -141,22 +134,15 @@ def lease_slot(settings: Settings, repo: Path, base: str, job_id: str) -> tuple[
 
 
 def git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
-    proc = subprocess.run(
-        ["git", *args],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_git(*args, cwd=cwd, env=env)
     if proc.returncode != 0:
-        raise BenchError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
+        raise BenchError(f"git {' '.join(args)} failed in {cwd}: {stderr_of(proc)}")
+    return proc.stdout.decode().strip()
 
 
 def git_reset(tree: Path, commit: str) -> None:
     """The bare way to put a tree back at ``commit``: the baseline of a slot recycle."""
-    git(tree, "-c", "advice.detachedHead=false", "checkout", "-q", "--force", "--detach", commit)
+    git(tree, "checkout", "-q", "--force", "--detach", commit)
     git(tree, "reset", "--quiet", "--hard", commit)
     git(tree, "clean", "-ffdxq")
 

@@ -13,6 +13,8 @@ as a second base (marked ``+``)::
     │                                    but cannot be read
     ├── DurabilityError  + OSError       runner.core.durable: an fsync (or the write
     │                                    before it) failed; the record's fate is unknown
+    ├── GitError                         runner.core.git: a git command that had to
+    │                                    succeed failed
     ├── RedisUnavailable                 runner.redis_server: no Redis reached or started
     ├── PreflightError                   runner.worker.preflight: a Redis that would
     │                                    evict the keys that must survive

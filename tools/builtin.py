@@ -22,21 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from runner.core.durable import replace_file
+from runner.core.git import run_git
 from runner.core.settings import Settings
 from tools import paths
 from tools.reasons import Reason, ToolError
 from tools.sandbox import run as sandbox
 
 READ_MAX_BYTES = 4 * 1024 * 1024
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "slotrunner",
-    "GIT_AUTHOR_EMAIL": "slotrunner@localhost",
-    "GIT_COMMITTER_NAME": "slotrunner",
-    "GIT_COMMITTER_EMAIL": "slotrunner@localhost",
-    "GIT_TERMINAL_PROMPT": "0",
-    # Never run hooks or read config an agent could have planted in the tree.
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
+GIT_TIMEOUT_S = 120.0
 JOB_FILE = "job.json"
 PATCHES_DIR = "patches"
 
@@ -64,26 +57,8 @@ def sha256(data: bytes) -> str:
 def _git(
     work: Path, *args: str, input_bytes: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, **GIT_ENV}
-    return subprocess.run(
-        # protectHFS/NTFS: git then refuses .git look-alikes in patches (".g\u200cit/").
-        [
-            "git",
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "core.protectHFS=true",
-            "-c",
-            "core.protectNTFS=true",
-            *args,
-        ],
-        cwd=work,
-        input=input_bytes,
-        capture_output=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    # The pinned runner: no hooks, no host config that changes a tree, no .git look-alikes.
+    return run_git(*args, cwd=work, input=input_bytes, timeout=GIT_TIMEOUT_S)
 
 
 # -- read-only ------------------------------------------------------------------

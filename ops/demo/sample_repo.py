@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
+from runner.core.git import git_text, run_git
 
 _IDENTITY = {
     "GIT_AUTHOR_NAME": "slotrunner-demo",
@@ -22,15 +22,7 @@ def init_repo(path: Path, files: Mapping[str, str], message: str = "base") -> st
         target = path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
-    # A fixed identity: the machine may have no git config at all.
-    env = {**os.environ, **_IDENTITY}
-    for argv in (
-        ["git", "init", "-q", "-b", "main"],
-        ["git", "add", "-A"],
-        ["git", "commit", "-q", "-m", message],
-    ):
-        subprocess.run(argv, cwd=path, env=env, check=True, capture_output=True)
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=path, env=env, check=True, capture_output=True, text=True
-    )
-    return head.stdout.strip()
+    # The demo's own identity on top of the pinned git: its commits say who made them.
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", message]):
+        run_git(*argv, cwd=path, env=_IDENTITY, check=True)
+    return git_text("rev-parse", "HEAD", cwd=path)

@@ -12,9 +12,7 @@ it for the post-mortem.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -32,10 +30,10 @@ from ops.testing.chaos.faults import Injector
 from ops.testing.chaos.report import ChaosReport, write_report
 from ops.testing.chaos.stack import VISIBILITY_S, ChaosStack, LogTail, wait_until
 from ops.testing.stack import StackError
+from runner.core.git import git_text, run_git
 from runner.jobs.models import JobResult
 from runner.jobs.submit import submit
 from runner.worker.job import load_result
-from tools.builtin import GIT_ENV
 
 HOME_MARK = ".chaos-home"  # only a directory carrying this is ever wiped by a rerun
 SETTLE_S = 30.0  # longest wait for the slots to come back after the last result
@@ -300,10 +298,6 @@ def _make_repo(path: Path) -> str:
         target = path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
-    env = {**os.environ, **GIT_ENV}
     for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
-        subprocess.run(["git", *argv], cwd=path, env=env, check=True, capture_output=True)
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=path, env=env, check=True, capture_output=True, text=True
-    )
-    return head.stdout.strip()
+        run_git(*argv, cwd=path, check=True)
+    return git_text("rev-parse", "HEAD", cwd=path)

@@ -19,6 +19,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from runner.core.git import run_git, stderr_of
 from runner.core.settings import Settings
 from runner.core.stamp import SlotState, StampError, read_stamp
 from runner.jobs.models import JobResult
@@ -222,17 +223,11 @@ def worktrees(settings: Settings) -> Check:
     listed = 0
     repos = settings.home / "repos"
     for cache in sorted(repos.glob("*.git")) if repos.is_dir() else []:
-        proc = subprocess.run(
-            ["git", "-C", str(cache), "worktree", "list", "--porcelain"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = run_git("-C", str(cache), "worktree", "list", "--porcelain", timeout=60)
         if proc.returncode != 0:
-            problems.append(f"{cache.name}: git worktree list failed: {proc.stderr.strip()[:200]}")
+            problems.append(f"{cache.name}: git worktree list failed: {stderr_of(proc)[:200]}")
             continue
-        for block in proc.stdout.strip().split("\n\n"):
+        for block in proc.stdout.decode(errors="replace").strip().split("\n\n"):
             lines = block.splitlines()
             if not lines or "bare" in lines:
                 continue

@@ -4,24 +4,22 @@ The steps run through the same ``tools.builtin`` functions the tool server runs,
 a plain clone of the base in a temporary directory, with no envelope, receipt or
 network in the way. The tree id is taken the way a job's end snapshot takes it
 (``runner.workspace.workspaces``): everything in the work tree, untracked files included,
-through a temporary index, with the host's global excludes switched off.
+through a temporary index, with the same pinned git (``runner.core.git``), so the two
+ids agree whatever the host's git config says.
 ``run_tests`` is skipped: the campaign's test command only reads the tree.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ops.errors import OpsError
+from runner.core.git import run_git, stderr_of
 from runner.core.settings import Settings
 from tools import builtin, registry
-
-_GIT_CONFIG = ("-c", f"core.excludesFile={os.devnull}", "-c", "core.autocrlf=false")
 
 
 class ExpectError(OpsError):
@@ -29,18 +27,10 @@ class ExpectError(OpsError):
 
 
 def _git(work: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(
-        ["git", *_GIT_CONFIG, *args],
-        cwd=work,
-        env={**os.environ, **builtin.GIT_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_git(*args, cwd=work, env=env, timeout=builtin.GIT_TIMEOUT_S)
     if proc.returncode != 0:
-        raise ExpectError(f"git {' '.join(args)}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
+        raise ExpectError(f"git {' '.join(args)}: {stderr_of(proc)}")
+    return proc.stdout.decode().strip()
 
 
 def expected_tree(
