@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ops.errors import OpsError
 from runner.core.settings import Settings
+from runner.core.slot_lock import slot_lock
 from runner.core.stamp import read_stamp, utc_now
-from runner.slots.pool import slot_lock
 from runner.workspace.workspaces import Workspaces
 
 DEFAULT_QUEUE = "slotrunner"

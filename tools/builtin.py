@@ -25,7 +25,8 @@ from runner.core.durable import replace_file
 from runner.core.git import run_git
 from runner.core.settings import Settings
 from tools import paths
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 from tools.sandbox import run as sandbox
 
 READ_MAX_BYTES = 4 * 1024 * 1024

@@ -7,13 +7,8 @@ the only place that says *whether* to retry. A mutating call whose outcome is
 unknown is resolved by reading its receipt (``reconcile``), never by replaying it
 blindly; a resend happens only when the receipt store proves it never applied and
 the lease is still live, and it carries the same key, so the server keeps it at
-most once. Exception tree::
-
-    ToolCallError
-     +-- StaleEnvelope      refused locally, nothing sent (I1)
-     +-- ToolRefused        the server said no (4xx with a reason)
-     +-- OutcomeUnknown     sent, no answer, and the receipt store cannot tell
-     +-- TransportFailed    not sent or not answered, and not retried further
+most once. The errors (:class:`ToolCallError` and its four kinds) are drawn in
+``tools.errors``; each carries a :class:`tools.reasons.Reason`.
 """
 
 from __future__ import annotations
@@ -34,6 +29,7 @@ from runner.core.stamp import StampError, read_stamp, utc_now
 from tools import classifier, registry
 from tools.classifier import Action, FailureKind
 from tools.envelope import Envelope, check
+from tools.errors import ToolError
 from tools.reasons import Reason
 
 MAX_ATTEMPTS = 6
@@ -45,32 +41,49 @@ RETRY_HEADER = "x-slotrunner-retry"
 PID_HEADER = "x-slotrunner-pid"
 
 
-class ToolCallError(Exception):
-    """Base of the client's errors."""
+class ToolCallError(ToolError):
+    """Base of the client's errors: ``status`` is the HTTP status, when there was one."""
 
-    reason: str = "error"
-
-    def __init__(self, message: str, reason: str | None = None, status: int | None = None) -> None:
-        super().__init__(message)
-        if reason is not None:
-            self.reason = reason
+    def __init__(
+        self, message: str, reason: Reason | None = None, status: int | None = None
+    ) -> None:
+        super().__init__(message, reason)
         self.status = status
 
 
 class StaleEnvelope(ToolCallError):
-    pass
+    """Refused locally by the slot's stamp; nothing was sent (I1)."""
 
 
 class ToolRefused(ToolCallError):
-    pass
+    """The server said no. ``error`` is its body's reason as sent: a value of
+    :class:`Reason` (then also ``reason``), or text it does not name (``refused``)."""
+
+    reason = Reason.REFUSED
+
+    def __init__(self, message: str, error: str | None = None, status: int | None = None) -> None:
+        try:
+            named = Reason(error) if error is not None else None
+        except ValueError:
+            named = None
+        super().__init__(message, named, status)
+        self.error = error if error is not None else self.reason.value
 
 
 class OutcomeUnknown(ToolCallError):
-    reason = Reason.OUTCOME_UNKNOWN.value
+    """Sent, not answered, and the receipt store could not tell what happened."""
+
+    reason = Reason.OUTCOME_UNKNOWN
 
 
 class TransportFailed(ToolCallError):
-    pass
+    """Not sent or not answered, and not retried further; ``failure`` says how."""
+
+    reason = Reason.TRANSPORT_FAILED
+
+    def __init__(self, message: str, failure: FailureKind | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 @dataclass(frozen=True)
@@ -165,7 +178,7 @@ class ToolClient:
                 return self._reconcile(envelope, body, slot_dir, started, deadline_s, exc)
             self.decisions[exc.decision.action.value] += 1
             raise TransportFailed(
-                f"{envelope.tool} failed: {exc} ({exc.decision.reason})", exc.kind.value
+                f"{envelope.tool} failed: {exc} ({exc.decision.reason})", exc.kind
             ) from None
         raise TransportFailed(f"{envelope.tool}: no attempt was made")  # pragma: no cover
 
@@ -175,12 +188,12 @@ class ToolClient:
         try:
             stamp = read_stamp(slot_dir)
         except StampError as exc:
-            raise StaleEnvelope(str(exc), Reason.SLOT_JOB_MISMATCH.value) from None
+            raise StaleEnvelope(str(exc), Reason.SLOT_JOB_MISMATCH) from None
         if stamp is None:
-            raise StaleEnvelope(f"{slot_dir} has no stamp", Reason.SLOT_JOB_MISMATCH.value)
+            raise StaleEnvelope(f"{slot_dir} has no stamp", Reason.SLOT_JOB_MISMATCH)
         reason = check(stamp, envelope, mutating=mutating, now=self.clock())
         if reason is not None:
-            raise StaleEnvelope(f"refused before sending: {reason.value}", reason.value)
+            raise StaleEnvelope(f"refused before sending: {reason.value}", reason)
 
     def _attempt(
         self,
@@ -357,7 +370,7 @@ def _decode(response: httpx.Response) -> ToolResponse:
     reason = data.get("error", "refused") if isinstance(data, dict) else "refused"
     message = data.get("message", reason) if isinstance(data, dict) else str(data)
     raise ToolRefused(
-        f"HTTP {response.status_code} {reason}: {message}", reason, response.status_code
+        f"HTTP {response.status_code} {reason}: {message}", str(reason), response.status_code
     )
 
 

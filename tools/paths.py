@@ -39,7 +39,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255

@@ -1,8 +1,8 @@
 """Every refusal reason of the design, as one named value used everywhere.
 
-The string values are the wire and log contract (DESIGN §5): they appear in 409/403
-bodies, in ``tool_result.reason`` log fields, and on the stderr of
-``hooks.check_apply_envelope``.
+The string values are the wire and log contract (``docs/architecture.md``): they
+appear in 409/403 bodies, in ``tool_result.reason`` log fields, and on the stderr of
+``hooks.check_apply_envelope``. The errors that carry them are in ``tools.errors``.
 """
 
 from __future__ import annotations
@@ -25,18 +25,9 @@ class Reason(StrEnum):
     UNAUTHORIZED = "unauthorized"
     TOO_LARGE = "too_large"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
-
-
-class ToolError(Exception):
-    """Base of the tools package's error tree: a refusal carrying its reason."""
-
-    reason: Reason = Reason.MALFORMED
-
-    def __init__(self, message: str, reason: Reason | None = None) -> None:
-        super().__init__(message)
-        if reason is not None:
-            self.reason = reason
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0]) if self.args else self.reason.value
+    NOT_FOUND = "not_found"  # a read of a file the tree does not have
+    # What the worker's client reports beyond the server's own reasons
+    # (``tools.client``): a refusal whose body named no reason it knows, and a call
+    # that was not sent or not answered and is not retried further.
+    REFUSED = "refused"
+    TRANSPORT_FAILED = "transport_failed"

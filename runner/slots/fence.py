@@ -23,8 +23,9 @@ from pathlib import Path
 
 from filelock import Timeout
 
+from runner.core.slot_lock import slot_lock
 from runner.core.stamp import Stamp, read_stamp
-from runner.slots.pool import SlotError, slot_lock
+from runner.slots.pool import SlotError
 
 LOCK_TIMEOUT_S = 60.0  # a tool call holds the slot lock for at most its own run
 

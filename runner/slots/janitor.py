@@ -49,11 +49,12 @@ from filelock import Timeout
 from runner.core import events, keys
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
+from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, StampError, read_stamp, utc_now, write_stamp
 from runner.jobs import events as job_events
-from runner.slots.pool import SlotPool, mark, slot_lock
+from runner.slots.pool import SlotPool, mark
 from tools import builtin
-from tools.reasons import ToolError
+from tools.errors import ToolError
 from tools.receipts.resolve import observe
 from tools.receipts.store import ReceiptStore, Status
 

@@ -12,6 +12,7 @@ import redis
 from runner.core import keys
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
+from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now
 from runner.slots.janitor import (
     JOB_FINISHED,
@@ -22,7 +23,7 @@ from runner.slots.janitor import (
     Owner,
     stale_reason,
 )
-from runner.slots.pool import NoSlotFree, ReleaseRefused, SlotPool, slot_lock
+from runner.slots.pool import NoSlotFree, ReleaseRefused, SlotPool
 from tools import builtin
 from tools.receipts.store import ReceiptStore, Status
 

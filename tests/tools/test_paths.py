@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tools.errors import ToolError
 from tools.paths import (
     MAX_SYMLINK_HOPS,
     PathRefused,

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 from tools.sandbox import run as sandbox
 from tools.sandbox.run import Limits, SandboxResult, SandboxUnavailable, SelfTest
 

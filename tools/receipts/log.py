@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.core.durable import append_record_fd, open_append
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 from tools.receipts.format import TORN_TERMINATOR, Receipt, Status, encode_line, parse_line
 
 RECEIPTS_FILE = "receipts.jsonl"

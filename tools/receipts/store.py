@@ -37,7 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 from tools.receipts.format import TORN_TERMINATOR, Receipt, Status
 from tools.receipts.log import (
     LOCK_FILE,

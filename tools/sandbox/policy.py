@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.core.settings import SandboxMode
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 
 WORK_PATH = "/slot/work"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.core.settings import SandboxMode
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 from tools.sandbox.bwrap import find_bwrap, missing, root_entries, self_test
 from tools.sandbox.cgroup import PidsCgroup
 from tools.sandbox.policy import (

@@ -26,6 +26,7 @@ from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.core.stamp import read_stamp
 from tools import registry
+from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.sandbox import run as sandbox
 from tools.server.metrics import ToolMetrics
@@ -37,8 +38,11 @@ RETRY_AFTER_S = 1
 TOKEN_HEADER = "x-slotrunner-token"
 
 
-class ServerConfigError(RuntimeError):
+class ServerConfigError(ToolError):
     """The server would start in an unsafe or impossible configuration."""
+
+    # The one unsafe start refused today: off loopback without a token.
+    reason = Reason.UNAUTHORIZED
 
 
 def is_loopback(host: str) -> bool:

@@ -27,7 +27,8 @@ from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, read_stamp, utc_now, valid_slot_id, write_stamp
 from tools import builtin, paths, registry
 from tools.envelope import Envelope, verdict
-from tools.reasons import Reason, ToolError
+from tools.errors import ToolError
+from tools.reasons import Reason
 from tools.receipts.resolve import observe
 from tools.receipts.store import (
     KeyBoundToOtherJob,
@@ -183,9 +184,9 @@ class ToolService:
             except FileNotFoundError as exc:
                 return Reply(
                     404,
-                    {"error": "not_found", "message": str(exc)},
+                    {"error": Reason.NOT_FOUND.value, "message": str(exc)},
                     events.OUTCOME_FAILED,
-                    "not_found",
+                    Reason.NOT_FOUND.value,
                     log,
                 )
             except ToolError as exc:
