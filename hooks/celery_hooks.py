@@ -2,8 +2,8 @@
 
 ``worker_ready`` starts a :class:`runner.slots.janitor.JanitorThread` that reclaims slots
 whose attempt is superseded or silent (after settling their open intents from the
-tree); ``worker_shutdown`` stops it. Connected when ``runner.worker.tasks`` is imported,
-which ``runner.worker.celery_app.create_app`` does.
+tree); ``worker_shutdown`` stops it. Connected when the worker imports this module at
+start: ``runner.worker.celery_app.create_app`` names it in Celery's ``include``.
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
 def result(job_id: str, as_json: bool) -> None:
     """Show a job's result. Exit 0 succeeded, 1 another end state, 3 not finished."""
     from runner.core import keys
+    from runner.jobs.results import load_result
     from runner.redis_server import connect
-    from runner.worker.job import load_result
 
     client = connect(load_settings())
     found = load_result(client, job_id)
@@ -153,8 +153,9 @@ def result(job_id: str, as_json: bool) -> None:
 @friendly
 def worker(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> None:
     """Run a Celery worker that executes agent jobs on this host's slots."""
+    from runner.jobs.queue import QUEUE
     from runner.redis_server import connect
-    from runner.worker.celery_app import QUEUE, create_app
+    from runner.worker.celery_app import create_app
     from runner.worker.preflight import check_redis
 
     settings = load_settings()

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from runner.core import keys
 from runner.errors import RunnerError
 from runner.jobs.models import JobResult, JobSpec
-from runner.worker.celery_app import QUEUE, TASK_NAME
-from runner.worker.job import load_result
+from runner.jobs.queue import QUEUE, TASK_NAME
+from runner.jobs.results import load_result
 
 
 class SpecError(RunnerError, ValueError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runner.agent.loop import AgentRun, ScriptedSteps
 from runner.agent.planners import ChatPlanner, PlannerError, PlannerStopped, admission_desk
@@ -26,12 +26,10 @@ from runner.jobs.results import finish
 from runner.slots.fence import LeaseLostError, fenced
 from runner.slots.lease_keeper import LeaseKeeper
 from runner.slots.pool import NoSlotFree, ReleaseRefused
+from runner.worker.context import WorkerContext
 from runner.worker.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
 from runner.workspace.git import WorkspaceError
 from tools.builtin import write_job
-
-if TYPE_CHECKING:
-    from runner.worker.job import WorkerContext
 
 # Between steps the slot lock is free but for a janitor's glance: wait this long for it.
 _STEP_RENEW_LOCK_S = 5.0

@@ -26,11 +26,14 @@ from celery import Celery
 
 from runner.core.settings import Settings
 from runner.jobs.config import JobConfig, seconds
+from runner.jobs.queue import QUEUE
 from runner.redis_server import resolve_url
 
-QUEUE = "slotrunner"
-TASK_NAME = "slotrunner.run_agent_job"
 VISIBILITY_TIMEOUT_S = 300.0
+# Imported by the worker at start (Celery's ``include``), never by this module: the
+# task, and the signal hooks that run the janitor in the worker's parent process.
+# Named, not imported, because hooks sit above the runner.
+WORKER_MODULES = ("runner.worker.tasks", "hooks.celery_hooks")
 
 
 def broker_transport_options(env: Mapping[str, str]) -> dict[str, Any]:
@@ -56,7 +59,7 @@ def create_app(
 ) -> Celery:
     env = os.environ if env is None else env
     url = redis_url or resolve_url(settings)
-    app = Celery("slotrunner", broker=url, set_as_current=True)
+    app = Celery("slotrunner", broker=url, set_as_current=True, include=list(WORKER_MODULES))
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -78,8 +81,4 @@ def create_app(
     app.slotrunner_settings = settings
     app.slotrunner_redis_url = url
     app.slotrunner_job_config = job_config or JobConfig.from_env(env)
-    # Importing the module registers the task with this app (shared_task) and the
-    # worker signal hooks (the janitor thread).
-    import runner.worker.tasks  # noqa: F401
-
     return app

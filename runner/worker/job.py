@@ -10,72 +10,17 @@ the heartbeat.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from runner.core import events, keys
-from runner.core.logs import EventLog
-from runner.core.settings import Settings
 from runner.jobs import events as job_events
-from runner.jobs.config import JobConfig
 from runner.jobs.models import JobResult, JobSpec
-from runner.jobs.results import commit_result, load_result
-from runner.redis_server import connect
-from runner.slots.janitor import Janitor
+from runner.jobs.results import load_result
 from runner.slots.lease_keeper import LeaseKeeper
-from runner.slots.pool import SlotPool
 from runner.worker.attempt import Attempt
 from runner.worker.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
+from runner.worker.context import WorkerContext
 from runner.worker.liveness import Finished, Heartbeat, Liveness, acquire
-from runner.workspace.workspaces import Workspaces
-from tools.client import ToolClient
-
-__all__ = ["WorkerContext", "commit_result", "context_for", "load_result", "run_job"]
-
-
-@dataclass
-class WorkerContext:
-    """What a worker process builds once and every job attempt reuses."""
-
-    settings: Settings
-    redis: redis.Redis
-    log: EventLog
-    slots: SlotPool
-    workspaces: Workspaces
-    client: ToolClient
-    config: JobConfig = field(default_factory=JobConfig)
-    janitor: Janitor | None = None
-
-    @classmethod
-    def build(cls, settings: Settings, config: JobConfig | None = None) -> WorkerContext:
-        client = connect(settings)
-        log = EventLog(settings)
-        slots = SlotPool(settings, client, log)
-        return cls(
-            settings,
-            client,
-            log,
-            slots,
-            Workspaces(settings.home),
-            ToolClient(settings.toolserver_url, token=settings.token),
-            config or JobConfig(),
-            Janitor(settings, client, log, slots),
-        )
-
-
-_CONTEXTS: dict[int, WorkerContext] = {}
-
-
-def context_for(settings: Settings, config: JobConfig | None = None) -> WorkerContext:
-    """One context per process: connections are never shared across a fork."""
-    pid = os.getpid()
-    config = config or JobConfig()
-    ctx = _CONTEXTS.get(pid)
-    if ctx is None or ctx.settings != settings or ctx.config != config:
-        ctx = _CONTEXTS[pid] = WorkerContext.build(settings, config)
-    return ctx
 
 
 def run_job(spec: JobSpec, ctx: WorkerContext, *, worker: str | None = None) -> JobResult:

@@ -6,7 +6,8 @@ app came from ``runner.worker.celery_app.create_app``; ``runner.jobs.submit`` va
 Every delivery is safe to run: ``runner.worker.job.run_job`` claims an attempt, watches a
 live one, or returns a committed result (``runner.worker.liveness``). The worker's parent
 process runs the janitor (``runner.slots.janitor``) every ``janitor_interval_s``, from
-``worker_ready`` until ``worker_shutdown`` (``hooks.celery_hooks``).
+``worker_ready`` until ``worker_shutdown``: ``hooks.celery_hooks``, which the worker
+imports at start because the app names it in ``include`` (``create_app``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-import hooks.celery_hooks  # noqa: F401  (connects the worker signal hooks: the janitor)
 from runner.core import keys
 from runner.core.settings import Settings
 from runner.jobs.config import JobConfig
 from runner.jobs.models import JobResult, JobSpec
+from runner.jobs.queue import TASK_NAME
 from runner.jobs.results import finish
-from runner.worker.celery_app import TASK_NAME
-from runner.worker.job import context_for, run_job
+from runner.worker.context import context_for
+from runner.worker.job import run_job
 
 
 @shared_task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]

@@ -18,9 +18,9 @@ from runner.jobs.backpressure import (
     too_late,
 )
 from runner.jobs.models import JobResult
+from runner.jobs.results import commit_result
 from runner.slots.lease_keeper import renewal_due
 from runner.worker.celery_app import broker_transport_options
-from runner.worker.job import commit_result
 
 
 def test_deadline_counts_from_submission() -> None:

@@ -10,7 +10,7 @@ from runner.core import keys
 from runner.jobs.cancel import CancelOutcome, cancel
 from runner.jobs.config import JobConfig
 from runner.jobs.models import JobResult
-from runner.worker.job import commit_result, load_result
+from runner.jobs.results import commit_result, load_result
 from runner.worker.liveness import Claimed, Finished, Liveness
 
 

@@ -17,8 +17,9 @@ from ops.testing.stack import Child, start_worker
 from runner.core import keys
 from runner.core.settings import Settings
 from runner.jobs.models import JobResult
+from runner.jobs.queue import QUEUE
 from runner.jobs.submit import submit, wait_for
-from runner.worker.celery_app import QUEUE, create_app
+from runner.worker.celery_app import create_app
 from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer, child_env
 

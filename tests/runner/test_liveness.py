@@ -15,7 +15,7 @@ from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.jobs.config import JobConfig
 from runner.jobs.models import JobResult
-from runner.worker.job import commit_result
+from runner.jobs.results import commit_result
 from runner.worker.liveness import (
     CANCELLED,
     SUPERSEDED,

@@ -32,8 +32,8 @@ from ops.testing.chaos.stack import VISIBILITY_S, ChaosStack, LogTail, wait_unti
 from ops.testing.stack import StackError
 from runner.core.git import git_text, run_git
 from runner.jobs.models import JobResult
+from runner.jobs.results import load_result
 from runner.jobs.submit import submit
-from runner.worker.job import load_result
 
 HOME_MARK = ".chaos-home"  # only a directory carrying this is ever wiped by a rerun
 SETTLE_S = 30.0  # longest wait for the slots to come back after the last result
