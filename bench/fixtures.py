@@ -76,18 +76,7 @@ def settings_for(
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment of a child process serving ``settings`` (as in tests/conftest.py)."""
     pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    return stack_env(
-        os.environ,
-        PYTHONPATH=pythonpath,
-        SLOTRUNNER_HOME=str(settings.home),
-        REDIS_URL=settings.redis_url or "",
-        SLOTRUNNER_SLOTS=str(settings.slots),
-        SLOTRUNNER_HOST_ID=settings.host,
-        SLOTRUNNER_TOOLSERVER_URL=settings.toolserver_url,
-        SLOTRUNNER_LEASE_TTL_S=str(settings.lease_ttl_s),
-        SLOTRUNNER_SANDBOX=settings.sandbox,
-        **extra,
-    )
+    return stack_env(os.environ, PYTHONPATH=pythonpath, **settings.to_env(), **extra)
 
 
 def toolserver(settings: Settings, log_dir: Path, **extra_env: str) -> tuple[Settings, Child]:

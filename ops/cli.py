@@ -1,22 +1,24 @@
 """``slotrunner ops``: find incidents in the event logs, and prove the invariants over them.
 
 Exit codes: 0 clean, 1 incidents (detect) or violations (verify), 2 unusable input
-(no such file, unreadable, not a log at all) or bad usage. Unusable input wins over
-incidents: the verdict is incomplete; the incidents found are still reported.
-Run standalone as ``python -m ops.cli``; the lead mounts :data:`ops` under
-``slotrunner``.
+(no such file, unreadable, not a log at all), bad usage or another error (one
+``error:`` line, from runner.cli.errors). Unusable input wins over incidents: the
+verdict is incomplete; the incidents found are still reported. ``slotrunner`` mounts
+:data:`ops` through its ``slotrunner.commands`` entry point; ``python -m ops.cli``
+runs the same verbs through it.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -34,10 +36,11 @@ from ops.detect.detector import (
     judge_batches,
     read_batches,
 )
-from ops.detect.follow import Follower, FollowError
+from ops.detect.follow import Follower
 from ops.detect.verify import verify as verify_logs
 from ops.pool import PoolBrake
-from runner.core.settings import Settings, SettingsError
+from runner.cli.errors import CliError
+from runner.core.settings import Settings
 
 if TYPE_CHECKING:  # imported where used: a one-shot detect loads no HTTP client
     from ops.page import Pager
@@ -49,18 +52,6 @@ RETRY_GAP_S = 10.0  # after a failed delivery, wait this long unless new inciden
 def _console() -> Console:
     console = Console(highlight=False)
     return console if console.is_terminal else Console(highlight=False, width=220)
-
-
-def _fail(message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    raise SystemExit(2)
-
-
-def _settings() -> Settings:
-    try:
-        return Settings.from_env()
-    except SettingsError as exc:
-        _fail(str(exc))
 
 
 def _json_line(obj: object) -> None:
@@ -189,15 +180,19 @@ def detect(
 ) -> None:
     """Report cross-job, stale-generation, unowned and duplicate applies in PATH... (files,
     globs, .gz, - for stdin; default: this host's log). Exit 0 clean, 1 incidents, 2 unusable."""
-    inputs = list(paths) if paths else [str(_settings().log_path)]
-    if state_dir is None and (follow or webhook):
-        state_dir = _settings().home / "detector"
     if webhook and not webhook.startswith(("http://", "https://")):
-        _fail(f"--webhook {webhook!r}: expected an http:// or https:// URL")
+        raise click.BadParameter(
+            f"{webhook!r}: expected an http:// or https:// URL", param_hint="--webhook"
+        )
+    if follow and "-" in paths:
+        raise click.UsageError("--follow reads files; stdin cannot be followed")
+    inputs = list(paths) if paths else [str(Settings.from_env().log_path)]
+    if state_dir is None and (follow or webhook):
+        state_dir = Settings.from_env().home / "detector"
     try:
         pager = _pager(webhook, state_dir) if webhook and state_dir else None
     except OSError as exc:
-        _fail(f"--state-dir {state_dir}: {exc.strerror or exc}")
+        raise CliError(f"--state-dir {state_dir}") from exc
     brake = PoolBrake(_broker_url) if stop_pool else None
     respond = Responder(pager, brake)
     try:
@@ -252,8 +247,6 @@ def _exit_code(tallies: list[Tally], report: Report) -> int:
 
 
 def _follow(inputs: list[str], state_dir: Path, as_json: bool, respond: Responder) -> int:
-    if "-" in inputs:
-        _fail("--follow reads files; stdin cannot be followed")
     report = Report(as_json, live=True)
 
     def sink(items: list[Incident | Malformed]) -> None:
@@ -267,16 +260,11 @@ def _follow(inputs: list[str], state_dir: Path, as_json: bool, respond: Responde
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        follower = Follower(inputs, state_dir, sink, warn=warn)
-    except FollowError as exc:
-        _fail(str(exc))
+    follower = Follower(inputs, state_dir, sink, warn=warn)
     try:
         follower.run(stop)
     except KeyboardInterrupt:
         pass
-    except FollowError as exc:
-        _fail(str(exc))
     finally:
         follower.close()
     report.summary(follower.lines, follower.malformed, DETECT_KINDS)
@@ -289,7 +277,7 @@ def _follow(inputs: list[str], state_dir: Path, as_json: bool, respond: Responde
 def verify(paths: tuple[str, ...], as_json: bool) -> None:
     """Prove I1 (every apply inside its owner's lease) and I2 (every key applied at most
     once) over PATH... Exit 0 holds, 1 violated, 2 unusable input."""
-    inputs = list(paths) or [str(_settings().log_path)]
+    inputs = list(paths) or [str(Settings.from_env().log_path)]
     shown: list[Incident] = []
 
     def on_item(item: Incident | Malformed) -> None:
@@ -349,22 +337,16 @@ def restore(job_id: str, which: str, to: Path | None, force: bool, as_json: bool
     """Put JOB_ID's snapshot back (into its slot, or --to DIR) and verify the tree id.
 
     Receipts and logs are left as they are, for audit."""
-    from ops.restore import RestoreError
     from ops.restore import restore as do_restore
-    from runner.workspace.git import WorkspaceError
 
-    settings = _settings()
-    try:
-        done = do_restore(
-            settings,
-            job_id,
-            which=which,
-            to=to,
-            force=force,
-            broker_url=_broker_url() if force else None,
-        )
-    except (RestoreError, WorkspaceError) as exc:
-        _fail(str(exc))
+    done = do_restore(
+        Settings.from_env(),
+        job_id,
+        which=which,
+        to=to,
+        force=force,
+        broker_url=_broker_url() if force else None,
+    )
     if as_json:
         _json_line(
             {
@@ -382,7 +364,10 @@ def restore(job_id: str, which: str, to: Path | None, force: bool, as_json: bool
 
 
 def main() -> None:
-    ops(prog_name="slotrunner ops")
+    """``python -m ops.cli ARGS`` runs ``slotrunner ops ARGS``: the same errors and codes."""
+    from runner.cli.main import run_verb
+
+    run_verb("ops", sys.argv[1:])
 
 
 if __name__ == "__main__":

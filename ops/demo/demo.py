@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ops.demo.sample_repo import init_repo
-from runner.cli.common import CliError, friendly, load_settings
+from runner.core.settings import Settings
 
 CALC_PY = '''"""A tiny calculator with a bug the demo's agent jobs fix."""
 
@@ -144,7 +144,6 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
     show_default=True,
     help="Give up waiting after this many seconds.",
 )
-@friendly
 def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> None:
     """Run N scripted agent jobs end to end on a local stack and summarise them.
 
@@ -157,7 +156,7 @@ def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> No
         return
     import uuid
 
-    from ops.testing.stack import StackError, free_port, stack_env, start_toolserver, start_worker
+    from ops.testing.stack import free_port, stack_env, start_toolserver, start_worker
     from runner.jobs.submit import submit, wait_for
     from runner.redis_server import connect, resolve_url
     from runner.worker.celery_app import create_app
@@ -165,17 +164,11 @@ def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> No
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)
-    settings = load_settings()
+    settings = Settings.from_env()
     url = resolve_url(settings)
     port = free_port()
     settings = settings.with_(toolserver_url=f"http://127.0.0.1:{port}", redis_url=url)
-    env = stack_env(
-        os.environ,
-        REDIS_URL=url,
-        SLOTRUNNER_HOME=str(settings.home),
-        SLOTRUNNER_TOOLSERVER_URL=settings.toolserver_url,
-        SLOTRUNNER_SLOTS=str(settings.slots),
-    )
+    env = stack_env(os.environ, **settings.to_env())
     run_id = uuid.uuid4().hex[:6]
     run_dir = settings.home / "demo" / run_id
     repo = run_dir / "sample-repo"
@@ -213,8 +206,6 @@ def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> No
                 on_progress=lambda done: progress.update(task, completed=len(done)),
             )
         fence = _replay_stale_apply(settings, results.get(ids[0]), ids[0])
-    except StackError as exc:
-        raise CliError(str(exc)) from None
     finally:
         for child in reversed(children):
             child.stop()
@@ -289,14 +280,10 @@ def _planner_summary(console: Console, results: dict[str, Any]) -> None:
 
 def _incident() -> None:
     from ops.demo.incident import render, run
-    from ops.testing.stack import StackError
 
     console = Console()
     console.print("Replaying seed 004 in a scratch home, twice (about 30 s)...")
-    try:
-        off, on = run()
-    except StackError as exc:
-        raise CliError(str(exc)) from None
+    off, on = run()
     console.print(render(off, on))
     ok = (
         not off.victim_intact

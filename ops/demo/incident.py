@@ -144,15 +144,7 @@ def run_once(fence: bool, scratch: Path) -> Timeline:
     )
     port = free_port()
     settings = settings.with_(toolserver_url=f"http://127.0.0.1:{port}")
-    env = stack_env(
-        os.environ,
-        SLOTRUNNER_HOME=str(home),
-        REDIS_URL=url,
-        SLOTRUNNER_SLOTS="1",
-        SLOTRUNNER_HOST_ID="demo-host",
-        SLOTRUNNER_SANDBOX="off",
-        SLOTRUNNER_TOOLSERVER_URL=settings.toolserver_url,
-    )
+    env = stack_env(os.environ, **settings.to_env())
     server_env = {**env, DISABLE_ENV: "0" if fence else "1"}
     receiver = Receiver()
     children: list[Child] = []

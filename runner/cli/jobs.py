@@ -6,13 +6,14 @@ import sys
 
 import click
 
-from runner.cli.common import CliError, emit_json, friendly, load_settings
+from runner.cli.common import emit_json
+from runner.cli.errors import EXIT_ERROR, CliError
+from runner.core.settings import Settings
 
 
 @click.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print what happened as one JSON object.")
-@friendly
 def cancel(job_id: str, as_json: bool) -> None:
     """Cancel JOB_ID: a queued job ends 'cancelled' at once, without a slot; a running
     one stops before its next step (its current tool call finishes), releases its
@@ -31,7 +32,7 @@ def cancel(job_id: str, as_json: bool) -> None:
 
     if not valid_job_id(job_id):
         raise CliError(f"{job_id!r} is not a job id ({JOB_ID_RULE})")
-    settings = load_settings()
+    settings = Settings.from_env()
     report = request_cancel(connect(settings), job_id)
     if report.outcome in (CancelOutcome.CANCEL_REQUESTED, CancelOutcome.CANCELLED):
         log = EventLog(settings)
@@ -53,7 +54,7 @@ def cancel(job_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(report.as_dict())
         if report.outcome == CancelOutcome.UNKNOWN_JOB:
-            sys.exit(2)
+            sys.exit(EXIT_ERROR)
         return
     if report.outcome == CancelOutcome.UNKNOWN_JOB:
         raise CliError(f"unknown job {job_id!r}: no job of that id is known to this Redis")

@@ -1,4 +1,4 @@
-"""``slotrunner``: one command, many verbs. Errors are one clear line, never a traceback."""
+"""``slotrunner``: one command, many verbs. Errors are one clear line (runner.cli.errors)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,28 @@ from pathlib import Path
 
 import click
 
-from runner.cli.common import CliError, emit_json, err_console, friendly, load_settings
+from runner.cli.common import emit_json, err_console
+from runner.cli.errors import EXIT_PENDING, CliError
 from runner.cli.root import RootGroup
+from runner.core.settings import Settings
 
 
 @click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="slotrunner")
-def main() -> None:
+@click.option(
+    "--debug", is_flag=True, help="On an error, print its traceback before the one-line summary."
+)
+def main(debug: bool) -> None:
     """Run LLM-agent jobs on Celery in generation-stamped workspace slots.
 
     Settings come from the environment: REDIS_URL (default: an embedded Redis under
     $SLOTRUNNER_HOME), SLOTRUNNER_HOME (default ./.slotrunner), SLOTRUNNER_SLOTS,
     SLOTRUNNER_TOOLSERVER_URL, SLOTRUNNER_LEASE_TTL_S, SLOTRUNNER_TOKEN,
     SLOTRUNNER_SANDBOX (required|auto|off).
+
+    Exit codes: 0 done (verdict good), 1 done (verdict bad: a job failed, incidents,
+    violations), 2 an error named on one line or bad usage, 3 a job not finished
+    (result), 70 an internal error (--debug shows its traceback).
     """
 
 
@@ -36,11 +45,12 @@ def main() -> None:
     help="With --wait: give up after this many seconds.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@friendly
 def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
     """Validate SPEC_FILE (a job spec, or a list of them; - for stdin) and enqueue it.
 
-    Nothing is enqueued unless every spec in the file is valid.
+    Nothing is enqueued unless every spec in the file is valid. Exit 0 enqueued (with
+    --wait: every job succeeded), 1 with --wait: a job ended in another state, 2 a
+    file or spec that cannot be used, or jobs still running at --timeout.
     """
     from runner.jobs.submit import SpecError, parse_spec, wait_for
     from runner.jobs.submit import submit as enqueue
@@ -65,7 +75,7 @@ def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
         except SpecError as exc:
             where = f" (spec {number})" if len(items) > 1 else ""
             raise CliError(f"{exc}{where}; nothing was enqueued") from None
-    settings = load_settings()
+    settings = Settings.from_env()
     app = create_app(settings)
     client = connect(settings)
     jobs = [enqueue(app, client, spec) for spec in specs]
@@ -98,15 +108,17 @@ def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
 @main.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
-@friendly
 def result(job_id: str, as_json: bool) -> None:
     """Show a job's result. Exit 0 succeeded, 1 another end state, 3 not finished."""
     from runner.core import keys
     from runner.jobs.results import load_result
     from runner.redis_server import connect
 
-    client = connect(load_settings())
-    found = load_result(client, job_id)
+    client = connect(Settings.from_env())
+    try:
+        found = load_result(client, job_id)
+    except ValueError as exc:  # not JSON, or not a JobResult: the stored bytes are damaged
+        raise CliError(f"the stored result of job {job_id!r} is corrupt") from exc
     if found is None:
         raw = client.get(keys.job_state(job_id))
         state = raw.decode() if isinstance(raw, bytes) else raw
@@ -116,7 +128,7 @@ def result(job_id: str, as_json: bool) -> None:
             emit_json({"job_id": job_id, "state": state})
         else:
             click.echo(f"{job_id}: {state}")
-        sys.exit(3)
+        sys.exit(EXIT_PENDING)
     if as_json:
         emit_json(found.model_dump())
     else:
@@ -147,10 +159,14 @@ def result(job_id: str, as_json: bool) -> None:
     type=click.Choice(["prefork", "solo", "threads"]),
     default="prefork",
     show_default=True,
+    help="Celery execution pool.",
 )
-@click.option("--loglevel", default="WARNING", show_default=True)
-@click.option("--hostname", default=None, help="Celery node name (default: slotrunner@<host>).")
-@friendly
+@click.option("--loglevel", default="WARNING", show_default=True, help="Celery's log level.")
+@click.option(
+    "--hostname",
+    default=None,
+    help="Celery node name (default: slotrunner-<SLOTRUNNER_HOST_ID>@<hostname>).",
+)
 def worker(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> None:
     """Run a Celery worker that executes agent jobs on this host's slots."""
     from runner.jobs.queue import QUEUE
@@ -158,7 +174,7 @@ def worker(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> 
     from runner.worker.celery_app import create_app
     from runner.worker.preflight import check_redis
 
-    settings = load_settings()
+    settings = Settings.from_env()
     for warning in check_redis(connect(settings)):
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     app = create_app(settings)
@@ -197,19 +213,15 @@ def worker(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> 
     show_default=True,
     help="Executions at once; beyond that, 429 with Retry-After.",
 )
-@friendly
 def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
     """Serve this host's slots to the workers over HTTP."""
     from urllib.parse import urlparse
 
-    from tools.server.app import ServerConfigError, serve
+    from tools.server.app import serve
 
-    settings = load_settings()
+    settings = Settings.from_env()
     port = port or urlparse(settings.toolserver_url).port or 8765
-    try:
-        serve(settings, host=host, port=port, max_concurrent=max_concurrent)
-    except ServerConfigError as exc:
-        raise CliError(str(exc)) from None
+    serve(settings, host=host, port=port, max_concurrent=max_concurrent)
 
 
 def _mount() -> None:
@@ -225,6 +237,12 @@ def _mount() -> None:
 
 
 _mount()
+
+
+def run_verb(name: str, args: list[str]) -> None:
+    """Run ``slotrunner NAME ARGS``: a package's ``python -m`` entry, with the same errors."""
+    main([name, *args], prog_name="slotrunner")
+
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,8 @@
 """The ``slotrunner`` root group: the runner's own verbs, plus those other packages plug in.
 
+Every verb runs inside :func:`runner.cli.errors.guard`, the CLI's one error boundary,
+with the root's ``--debug`` flag.
+
 ``runner`` never imports the packages built on it. A package adds a verb by naming a
 click command under the entry-point group :data:`COMMANDS_GROUP` in its
 ``pyproject.toml``; the root group lists those names and imports a command only
@@ -12,11 +15,14 @@ from importlib.metadata import EntryPoint, entry_points
 
 import click
 
+from runner.cli.errors import guard
+
 COMMANDS_GROUP = "slotrunner.commands"
 
 
 class RootGroup(click.Group):
-    """A click group whose commands are its own plus the entry points of :data:`COMMANDS_GROUP`."""
+    """A click group of its own commands plus the entry points of :data:`COMMANDS_GROUP`,
+    each run inside the one error boundary."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -43,6 +49,11 @@ class RootGroup(click.Group):
                 return None
             self._loaded[cmd_name] = _load(point)
         return self._loaded[cmd_name]
+
+    def invoke(self, ctx: click.Context) -> object:
+        # The root's own options are parsed by now; a verb's are parsed in here, so a
+        # bad one is still click's usage error, printed as click prints it.
+        return guard(lambda: super(RootGroup, self).invoke(ctx), debug=bool(ctx.params["debug"]))
 
 
 def _load(point: EntryPoint) -> click.Command:

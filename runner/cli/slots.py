@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from runner.cli.common import emit_json, friendly, load_settings
+from runner.cli.common import emit_json
 from runner.core.settings import Settings
 from runner.core.stamp import Stamp, utc_now
 from runner.slots.pool import SlotPool
@@ -18,7 +18,7 @@ def _pool() -> tuple[Settings, SlotPool]:
     from runner.core.logs import EventLog
     from runner.redis_server import connect
 
-    settings = load_settings()
+    settings = Settings.from_env()
     return settings, SlotPool(settings, connect(settings), EventLog(settings))
 
 
@@ -45,7 +45,6 @@ def slots() -> None:
     show_default=True,
     help="With --watch: seconds between refreshes.",
 )
-@friendly
 def list_slots(as_json: bool, watch: bool, interval_s: float) -> None:
     """Every slot with its generation, holder, state, age and lease expiry."""
     _, pool = _pool()
@@ -96,12 +95,11 @@ def _table(stamps: list[Stamp]) -> Table:
 
 @slots.command("lease")
 @click.option("--job", "job_id", required=True, help="The job that takes the slot.")
-@click.option("--attempt", type=int, default=1, show_default=True)
+@click.option("--attempt", type=int, default=1, show_default=True, help="The job's attempt number.")
 @click.option("--repo", default=None, help="Prepare the work tree from this repository.")
 @click.option("--base", default="HEAD", show_default=True, help="With --repo: the commit-ish.")
 @click.option("--wait", "wait_s", type=float, default=0.0, help="Seconds to wait for a free slot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stamp as JSON.")
-@friendly
 def lease(
     job_id: str, attempt: int, repo: str | None, base: str, wait_s: float, as_json: bool
 ) -> None:
@@ -130,11 +128,12 @@ def lease(
 
 
 @slots.command("release")
-@click.option("--slot", "slot_id", required=True)
-@click.option("--job", "job_id", required=True)
-@click.option("--generation", type=int, required=True)
-@click.option("--json", "as_json", is_flag=True)
-@friendly
+@click.option("--slot", "slot_id", required=True, help="The slot to return (S0, S1, ...).")
+@click.option("--job", "job_id", required=True, help="The job it is leased to.")
+@click.option(
+    "--generation", type=int, required=True, help="The lease's generation (see slots list)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the new stamp as JSON.")
 def release(slot_id: str, job_id: str, generation: int, as_json: bool) -> None:
     """Return a slot to the pool; refused unless it is leased to JOB at GENERATION."""
     _, pool = _pool()

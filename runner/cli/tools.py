@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from runner.cli.common import emit_json, friendly
+from runner.cli.common import emit_json
+from runner.core.settings import Settings
 
 
 @click.group()
@@ -19,12 +20,10 @@ def tools() -> None:
     is_flag=True,
     help='A JSON list of {"tool","mutating","failure","decision"} rows.',
 )
-@friendly
 def table(as_json: bool) -> None:
     """Print the retry decision for every tool and failure kind."""
     from rich.console import Console
 
-    from runner.cli.common import load_settings
     from tools import classifier
     from tools.sandbox import run as sandbox
 
@@ -33,7 +32,7 @@ def table(as_json: bool) -> None:
         return
     console = Console()
     click.echo(classifier.format_table())
-    settings = load_settings()
+    settings = Settings.from_env()
     if settings.sandbox == "off":
         console.print("sandbox: off (SLOTRUNNER_SANDBOX=off)")
     else:

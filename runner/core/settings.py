@@ -54,6 +54,24 @@ class Settings:
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that make a child process build these same settings.
+
+        The inverse of :meth:`from_env`: ``Settings.from_env(s.to_env()) == s``. Every
+        variable is set, an unset value as ``""`` (which :meth:`from_env` reads as unset),
+        so nothing inherited from the parent's environment can change a child's view.
+        """
+        return {
+            "SLOTRUNNER_HOME": str(self.home),
+            "REDIS_URL": self.redis_url or "",
+            "SLOTRUNNER_SLOTS": str(self.slots),
+            "SLOTRUNNER_TOOLSERVER_URL": self.toolserver_url,
+            "SLOTRUNNER_LEASE_TTL_S": repr(self.lease_ttl_s),
+            "SLOTRUNNER_TOKEN": self.token or "",
+            "SLOTRUNNER_SANDBOX": self.sandbox,
+            "SLOTRUNNER_HOST_ID": self.host,
+        }
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env

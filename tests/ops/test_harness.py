@@ -15,7 +15,6 @@ from click.testing import CliRunner, Result
 
 from ops.testing.fake_endpoint.plan import FakeEndpointConfig
 from ops.testing.fake_endpoint.server import FakeEndpointServer, serve
-from ops.testing.harness.cli import harness
 from ops.testing.harness.loop import (
     HarnessError,
     LoadConfig,
@@ -34,6 +33,7 @@ from ops.testing.harness.stats import (
     percentile,
     summarize,
 )
+from runner.cli.main import main as slotrunner
 
 # --- pure: percentiles, series, knee, validity ----------------------------------------------
 
@@ -238,7 +238,8 @@ def endpoint() -> Iterator[tuple[FakeEndpointServer, str]]:
 def _sweep(base: str, tmp: Path, *args: str) -> tuple[Result, dict[str, Any]]:
     out = tmp / "report.json"
     result = CliRunner().invoke(
-        harness, ["sweep", "--url", base, "--timeout-s", "10", "--json-out", str(out), *args]
+        slotrunner,
+        ["harness", "sweep", "--url", base, "--timeout-s", "10", "--json-out", str(out), *args],
     )
     assert result.exit_code == 0, result.output
     return result, json.loads(out.read_text())
@@ -368,6 +369,6 @@ def test_bad_input_is_one_clear_line(
 ) -> None:
     """Unreachable, wrong path, or incoherent flags: exit 2, the problem named, no traceback."""
     argv = [a.format(base=endpoint[1], free=_free_port()) for a in args]
-    result = CliRunner().invoke(harness, ["sweep", "--prompts", "2", *argv])
+    result = CliRunner().invoke(slotrunner, ["harness", "sweep", "--prompts", "2", *argv])
     assert result.exit_code == 2, result.output
-    assert message in result.output and "Traceback" not in result.output
+    assert message in result.stderr and "Traceback" not in result.output

@@ -31,14 +31,7 @@ def log_events(settings: Settings) -> list[dict[str, object]]:
 def cli_lease(
     settings: Settings, job: str, env_extra: dict[str, str] | None = None
 ) -> dict[str, object]:
-    env = {
-        **os.environ,
-        "SLOTRUNNER_HOME": str(settings.home),
-        "REDIS_URL": settings.redis_url or "",
-        "SLOTRUNNER_SLOTS": str(settings.slots),
-        "SLOTRUNNER_HOST_ID": settings.host,
-        **(env_extra or {}),
-    }
+    env = {**os.environ, **settings.to_env(), **(env_extra or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "runner.cli.main", "slots", "lease", "--job", job, "--json"],
         env=env,
@@ -144,13 +137,7 @@ def test_release_cli_refuses_wrong_generation(settings: Settings) -> None:
     """The CLI refuses a release that names an old generation, with a clear error."""
     pool = pool_for(settings)
     stamp = pool.lease("job-A", 1)
-    env = {
-        **os.environ,
-        "SLOTRUNNER_HOME": str(settings.home),
-        "REDIS_URL": settings.redis_url or "",
-        "SLOTRUNNER_SLOTS": str(settings.slots),
-        "SLOTRUNNER_HOST_ID": settings.host,
-    }
+    env = {**os.environ, **settings.to_env()}
     proc = subprocess.run(
         [
             sys.executable,

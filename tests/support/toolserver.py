@@ -11,17 +11,7 @@ from runner.core.settings import Settings
 
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment of a child process (tool server, worker, CLI) serving ``settings``."""
-    return stack_env(
-        os.environ,
-        SLOTRUNNER_HOME=str(settings.home),
-        REDIS_URL=settings.redis_url or "",
-        SLOTRUNNER_SLOTS=str(settings.slots),
-        SLOTRUNNER_HOST_ID=settings.host,
-        SLOTRUNNER_TOOLSERVER_URL=settings.toolserver_url,
-        SLOTRUNNER_LEASE_TTL_S=str(settings.lease_ttl_s),
-        SLOTRUNNER_SANDBOX=settings.sandbox,
-        **extra,
-    )
+    return stack_env(os.environ, **settings.to_env(), **extra)
 
 
 class ToolServer:

@@ -109,24 +109,21 @@ class ChaosStack:
             for k, v in (os.environ if base_env is None else base_env).items()
             if not k.startswith("SLOTRUNNER_") and k != "REDIS_URL"
         }
-        self.env = {
-            **base,
-            "PYTHONUNBUFFERED": "1",
-            "SLOTRUNNER_HOME": str(home),
-            "REDIS_URL": self.redis_url,
-            "SLOTRUNNER_SLOTS": str(slots),
-            "SLOTRUNNER_HOST_ID": host,
-            "SLOTRUNNER_LEASE_TTL_S": str(LEASE_TTL_S),
-            "SLOTRUNNER_SANDBOX": os.environ.get("SLOTRUNNER_SANDBOX", "auto"),
-            **FAST_ENV,
-        }
-        self.toolserver_env = {
-            **self.env,
-            "SLOTRUNNER_TOOLSERVER_URL": self.toolserver_url,
-            **(toolserver_env or {}),
-        }
+        self.settings = Settings.from_env(
+            {
+                "SLOTRUNNER_HOME": str(home),
+                "REDIS_URL": self.redis_url,
+                "SLOTRUNNER_SLOTS": str(slots),
+                "SLOTRUNNER_HOST_ID": host,
+                "SLOTRUNNER_LEASE_TTL_S": str(LEASE_TTL_S),
+                "SLOTRUNNER_SANDBOX": os.environ.get("SLOTRUNNER_SANDBOX", "auto"),
+                "SLOTRUNNER_TOOLSERVER_URL": self.toolserver_url,
+            }
+        )
+        # Workers get the same settings but call the tool server through the fault proxy.
+        self.env = {**base, "PYTHONUNBUFFERED": "1", **self.settings.to_env(), **FAST_ENV}
+        self.toolserver_env = {**self.env, **(toolserver_env or {})}
         self.worker_env = dict(worker_env or {})
-        self.settings = Settings.from_env(self.toolserver_env)
         self.log = LogTail(self.settings.log_path)
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
         self.proxy = FaultProxy(

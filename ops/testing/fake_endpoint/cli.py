@@ -1,12 +1,15 @@
 """``slotrunner fake-endpoint``: run the fault-injecting OpenAI-compatible endpoint.
 
-Run standalone as ``python -m ops.testing.fake_endpoint.cli``;
-the lead mounts :data:`fake_endpoint`.
+``slotrunner`` mounts :data:`fake_endpoint` through its ``slotrunner.commands`` entry
+point; ``python -m ops.testing.fake_endpoint.cli`` runs it through ``slotrunner``.
+Bad flags or a bad ``--script`` are click usage errors (exit 2); a port that cannot
+be bound is one ``error:`` line (runner.cli.errors, exit 2).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,13 +19,9 @@ from pydantic import ValidationError
 
 from ops.testing.fake_endpoint.plan import FakeEndpointConfig
 from ops.testing.fake_endpoint.server import make_server
+from runner.cli.errors import CliError
 
-EXIT_USAGE = 2
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _UsageError(click.ClickException):
-    exit_code = EXIT_USAGE
 
 
 def _flag(name: str) -> str:
@@ -46,15 +45,15 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def load_script(path: str) -> list[dict[str, Any]]:
-    """The JSON list of steps in ``path``, or a one-line error naming the problem."""
+    """The JSON list of steps in ``path``, or a usage error naming the problem."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise _UsageError(f"cannot read --script {path}: {exc.strerror or exc}") from None
+        raise click.UsageError(f"cannot read --script {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
-        raise _UsageError(f"--script {path} is not JSON: {exc}") from None
+        raise click.UsageError(f"--script {path} is not JSON: {exc}") from None
     if not isinstance(data, list) or not data:
-        raise _UsageError(
+        raise click.UsageError(
             f"--script {path} must be a non-empty JSON list of steps: "
             '[{"tool": NAME, "args": {...}}, ..., {"final": TEXT}]'
         )
@@ -147,11 +146,11 @@ def fake_endpoint(host: str, port: int, script_path: str | None, **knobs: Any) -
     try:
         config = FakeEndpointConfig(**knobs)
     except ValidationError as exc:
-        raise _UsageError(_validation_message(exc)) from None
+        raise click.UsageError(_validation_message(exc)) from None
     try:
         server = make_server(config, host, port)
     except OSError as exc:
-        raise _UsageError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from None
+        raise CliError(f"cannot bind {host}:{port}") from exc
     mode = f"script of {len(config.script)} steps" if config.script else "echo"
     click.echo(f"fake endpoint on http://{host}:{server.port}/v1 ({mode}, seed {config.seed})")
     try:
@@ -163,4 +162,6 @@ def fake_endpoint(host: str, port: int, script_path: str | None, **knobs: Any) -
 
 
 if __name__ == "__main__":
-    fake_endpoint()
+    from runner.cli.main import run_verb
+
+    run_verb("fake-endpoint", sys.argv[1:])

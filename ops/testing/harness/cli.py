@@ -1,13 +1,16 @@
 """``slotrunner harness sweep``: find an endpoint's knee without measuring the harness.
 
-Run standalone as ``python -m ops.testing.harness.cli``; the lead mounts :data:`harness`.
+``slotrunner`` mounts :data:`harness` through its ``slotrunner.commands`` entry point;
+``python -m ops.testing.harness.cli`` runs it through ``slotrunner``.
 Exit codes: 0 the sweep ran (invalid runs are marked in the report, not errors),
-2 bad usage or an endpoint that cannot be measured (unreachable, 404, 401...).
+2 bad usage or an endpoint that cannot be measured (unreachable, 404, 401...): a
+:class:`HarnessError`, which the CLI prints as one ``error:`` line.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections import deque
 from pathlib import Path
@@ -27,12 +30,7 @@ from ops.testing.harness.loop import (
     run_sweep,
 )
 
-EXIT_USAGE = 2
 PROGRESS_POLL_S = 0.2
-
-
-class _UsageError(click.ClickException):
-    exit_code = EXIT_USAGE
 
 
 def parse_levels(text: str) -> list[int]:
@@ -268,24 +266,21 @@ def sweep(
     completed first attempts, and its concurrency is at or below the knee. Latency
     is first attempts; retries are a separate series; 429s and timeouts are counted.
     """
-    try:
-        config = LoadConfig(
-            url=chat_url(url),
-            mode="open" if open_loop else "closed",
-            rate_rps=rate_rps,
-            api_key=api_key_from_env(api_key_env),
-            **knobs,
-        )
-        report = _run_with_progress(config, parse_levels(levels))
-        console = _console()
-        console.print(render_table(report))
-        console.print(knee_line(report))
-        if json_out is not None:
-            _write_json(report, json_out)
-        if plot is not None:
-            write_plot(report, plot)
-    except HarnessError as exc:
-        raise _UsageError(str(exc)) from None
+    config = LoadConfig(
+        url=chat_url(url),
+        mode="open" if open_loop else "closed",
+        rate_rps=rate_rps,
+        api_key=api_key_from_env(api_key_env),
+        **knobs,
+    )
+    report = _run_with_progress(config, parse_levels(levels))
+    console = _console()
+    console.print(render_table(report))
+    console.print(knee_line(report))
+    if json_out is not None:
+        _write_json(report, json_out)
+    if plot is not None:
+        write_plot(report, plot)
 
 
 def _run_with_progress(config: LoadConfig, levels: list[int]) -> SweepReport:
@@ -323,4 +318,6 @@ def _run_with_progress(config: LoadConfig, levels: list[int]) -> SweepReport:
 
 
 if __name__ == "__main__":
-    harness()
+    from runner.cli.main import run_verb
+
+    run_verb("harness", sys.argv[1:])
