@@ -10,7 +10,7 @@ built-in keeps it as a second base (marked ``+``)::
     ToolError                          reason: Reason (default malformed)
     ├── MalformedRequest               tools.envelope: a hook request without the
     │                                  envelope's fields (malformed)
-    ├── PathRefused                    tools.paths: a path outside the work tree, or
+    ├── PathRefused                    tools.paths.names: a path outside the work tree, or
     │                                  into .git (outside_workspace)
     ├── ToolFailed                     tools.builtin: the tool ran and failed for good;
     │                                  the tree is unchanged (malformed)

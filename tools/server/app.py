@@ -30,7 +30,8 @@ from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.sandbox import run as sandbox
 from tools.server.metrics import ToolMetrics
-from tools.server.service import Reply, ToolService, refused
+from tools.server.reply import Reply, refused
+from tools.server.service import ToolService
 
 MAX_BODY_BYTES = registry.MAX_FILE_BYTES + 64 * 1024
 DEFAULT_MAX_CONCURRENT = 16

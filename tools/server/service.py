@@ -1,10 +1,13 @@
 """One tool call, from request body to reply, with no HTTP in sight.
 
-Order of checks (DESIGN §5): the envelope first, under the slot lock (a stale or
+Order of checks (``docs/architecture.md``, "The path of one tool call"): the envelope
+first, under the slot lock (a stale or
 foreign envelope is refused even when its key has a receipt), then the key, then the
 path, then the effect. For a mutating call the intent is durable before the effect
 and the outcome durable before the reply (I3); a key that already has an outcome is
-answered from its receipt and never applied again (I2).
+answered from its receipt and never applied again (I2). The receipts' side (stores,
+resolution, lookup, recovery) is ``tools.server.receipts``; the effects themselves
+are ``tools.server.effects``.
 """
 
 from __future__ import annotations
@@ -14,10 +17,9 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,14 +31,10 @@ from tools import builtin, paths, registry
 from tools.envelope import Envelope, verdict
 from tools.errors import ToolError
 from tools.reasons import Reason
-from tools.receipts.resolve import observe
-from tools.receipts.store import (
-    KeyBoundToOtherJob,
-    Receipt,
-    ReceiptDurabilityError,
-    ReceiptStore,
-    Status,
-)
+from tools.receipts.store import KeyBoundToOtherJob, ReceiptDurabilityError, ReceiptStore, Status
+from tools.server.effects import intent_fields, run_tool
+from tools.server.receipts import SlotReceipts
+from tools.server.reply import Reply, describe, refused, replayed
 
 # Test-only switch: with this set in the tool server's environment the envelope check
 # lets every call through (the detector and the chaos campaign prove they catch a
@@ -51,33 +49,6 @@ CRASH_ENV = "SLOTRUNNER_TEST_CRASH_AT"
 CRASH_MARKER = "chaos/crash-after-effect"
 
 
-@dataclass(frozen=True)
-class Reply:
-    http_status: int
-    body: dict[str, Any]
-    outcome: str
-    reason: str | None = None
-    log: dict[str, Any] = field(default_factory=dict)
-
-
-def refused(status: int, reason: Reason, message: str, **log: Any) -> Reply:
-    return Reply(
-        status,
-        {"error": reason.value, "message": message},
-        events.OUTCOME_REFUSED,
-        reason.value,
-        log,
-    )
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 class ToolService:
     def __init__(
         self,
@@ -87,26 +58,15 @@ class ToolService:
         emit: Callable[..., None] | None = None,
     ) -> None:
         self.settings = settings
-        self.emit = emit
         self.clock = clock
-        self.on_receipt_write = on_receipt_write
-        self._stores: dict[str, ReceiptStore] = {}
+        self.receipts = SlotReceipts(settings, on_write=on_receipt_write, emit=emit)
         self.fence_disabled = os.environ.get(DISABLE_ENV) == "1"
 
-    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one receipt operation, reporting its latency when it wrote a record."""
-        started = time.perf_counter()
-        result = fn(*args, **kwargs)
-        # A begin that found an existing receipt wrote nothing: not an fsync to time.
-        if self.on_receipt_write is not None and getattr(result, "fresh", True):
-            self.on_receipt_write(time.perf_counter() - started)
-        return result
+    def lookup(self, key: str, slot_id: str) -> Reply:
+        return self.receipts.lookup(key, slot_id)
 
-    def store(self, slot_id: str) -> ReceiptStore:
-        store = self._stores.get(slot_id)
-        if store is None:
-            store = self._stores[slot_id] = ReceiptStore(self.settings.slots_dir / slot_id)
-        return store
+    def recover(self) -> list[dict[str, Any]]:
+        return self.receipts.recover()
 
     # -- a call ---------------------------------------------------------------
 
@@ -120,7 +80,7 @@ class ToolService:
         try:
             envelope = Envelope.model_validate(payload.get("envelope"))
         except ValidationError as exc:
-            return refused(422, Reason.MALFORMED, f"bad envelope: {_describe(exc)}")
+            return refused(422, Reason.MALFORMED, f"bad envelope: {describe(exc)}")
         log = {
             "job_id": envelope.job_id,
             "attempt": envelope.attempt,
@@ -139,7 +99,7 @@ class ToolService:
         try:
             args: BaseModel = spec.args_model.model_validate(payload.get("args") or {})
         except ValidationError as exc:
-            return refused(422, Reason.MALFORMED, f"bad args for {tool}: {_describe(exc)}", **log)
+            return refused(422, Reason.MALFORMED, f"bad args for {tool}: {describe(exc)}", **log)
         slot_dir = self.settings.slots_dir / envelope.slot_id
         if not valid_slot_id(envelope.slot_id) or not slot_dir.is_dir():
             return refused(
@@ -163,7 +123,7 @@ class ToolService:
         stamp = read_stamp(slot_dir)
         if stamp is None:
             return refused(409, Reason.SLOT_JOB_MISMATCH, "the slot has never been leased", **log)
-        store = self.store(envelope.slot_id)
+        store = self.receipts.store(envelope.slot_id)
         if spec.mutating and store.broken is not None:
             # A receipt fsync failed on this slot: nothing more may be applied here, even
             # a resend of a key whose intent is on disk but was never made durable.
@@ -178,7 +138,7 @@ class ToolService:
         ctx = builtin.Context(slot_dir, self.settings)
         if not spec.mutating:
             try:
-                result = _run(spec.name, ctx, args, envelope)
+                result = run_tool(spec.name, ctx, args, envelope)
             except paths.PathRefused as exc:
                 return refused(403, Reason.OUTSIDE_WORKSPACE, exc.message, **log)
             except FileNotFoundError as exc:
@@ -217,13 +177,13 @@ class ToolService:
     ) -> Reply:
         assert envelope.idempotency_key is not None
         try:
-            intent_fields = _intent_fields(spec.name, ctx, args)
+            fields = intent_fields(spec.name, ctx, args)
         except paths.PathRefused as exc:
             return refused(403, Reason.OUTSIDE_WORKSPACE, exc.message, **log)
         except builtin.ToolFailed as exc:
             return refused(422, Reason.MALFORMED, exc.message, **log)
         try:
-            begun = self._timed(
+            begun = self.receipts.timed(
                 store.begin,
                 key=envelope.idempotency_key,
                 job_id=envelope.job_id,
@@ -231,7 +191,7 @@ class ToolService:
                 slot_id=envelope.slot_id,
                 generation=envelope.generation,
                 tool=spec.name,
-                **intent_fields,
+                **fields,
             )
         except KeyBoundToOtherJob as exc:
             return refused(409, Reason.KEY_BOUND_TO_OTHER_JOB, exc.message, **log)
@@ -240,18 +200,18 @@ class ToolService:
         receipt = begun.receipt
         if not begun.fresh:
             if receipt.status != Status.INTENT:
-                return _replayed(receipt, log)
+                return replayed(receipt, log)
             # An intent with no outcome: a crash or a lost reply. Look at the tree.
             try:
-                resolved = self._resolve(ctx, store, receipt)
+                resolved = self.receipts.resolve(ctx, store, receipt)
             except ReceiptDurabilityError as exc:
                 return self._poison(ctx, exc, log)
             if resolved.status == Status.APPLIED:
-                return _replayed(resolved, log)
+                return replayed(resolved, log)
         started = time.monotonic()
         status, result, detail, http = Status.APPLIED, None, None, 200
         try:
-            result = _run(spec.name, ctx, args, envelope)
+            result = run_tool(spec.name, ctx, args, envelope)
         except paths.PathRefused as exc:
             status, detail, http = (
                 Status.FAILED,
@@ -265,7 +225,7 @@ class ToolService:
         log["service_ms"] = round((time.monotonic() - started) * 1000.0, 2)
         _maybe_crash(self.settings, spec.name, envelope.idempotency_key)
         try:
-            done = self._timed(
+            done = self.receipts.timed(
                 store.finish,
                 receipt,
                 status,
@@ -323,92 +283,6 @@ class ToolService:
             log,
         )
 
-    # -- receipts -------------------------------------------------------------
-
-    def lookup(self, key: str, slot_id: str) -> Reply:
-        slot_dir = self.settings.slots_dir / slot_id
-        if not valid_slot_id(slot_id) or not slot_dir.is_dir():
-            return refused(404, Reason.MALFORMED, f"no slot {slot_id!r} on this host")
-        store = self.store(slot_id)
-        with slot_lock(slot_dir):
-            receipt = store.lookup(key)
-            if receipt is not None and receipt.status == Status.INTENT:
-                try:
-                    receipt = self._resolve(
-                        builtin.Context(slot_dir, self.settings), store, receipt
-                    )
-                except ReceiptDurabilityError as exc:
-                    # The tree may show it, but the outcome cannot be recorded: unknown.
-                    return Reply(
-                        503,
-                        {
-                            "error": Reason.OUTCOME_UNKNOWN.value,
-                            "status": "unknown",
-                            "key": key,
-                            "message": exc.message,
-                        },
-                        events.OUTCOME_READ,
-                    )
-        if receipt is None or receipt.status == Status.INTENT:
-            state = "absent" if receipt is None else "not_applied"
-            return Reply(
-                404, {"error": "no_receipt", "status": state, "key": key}, events.OUTCOME_READ
-            )
-        return Reply(200, {"receipt": receipt.to_wire()}, events.OUTCOME_READ)
-
-    def _resolve(self, ctx: builtin.Context, store: ReceiptStore, intent: Receipt) -> Receipt:
-        """Turn an open intent into an outcome when the tree proves it happened."""
-        if observe(ctx, intent):
-            done = self._timed(store.finish, intent, Status.APPLIED, detail="resolved_from_tree")
-            if self.emit is not None:
-                # The apply happened but its line was never written (the process died
-                # before its reply): write it now so the detector's history is whole.
-                self.emit(
-                    job_id=done.job_id,
-                    attempt=done.attempt,
-                    slot_id=done.slot_id,
-                    slot_generation=done.generation,
-                    tool=done.tool,
-                    idempotency_key=done.key,
-                    outcome=events.OUTCOME_APPLIED,
-                    reason="resolved_from_tree",
-                    receipt_job=done.job_id,
-                    receipt_generation=done.generation,
-                    http_status=0,
-                    queue_wait_ms=0.0,
-                    service_ms=0.0,
-                )
-            return cast(Receipt, done)
-        # Not applied: the intent stays open, so a retry with the same key applies it
-        # (once); answering "failed" here would burn a key whose effect never ran.
-        return intent
-
-    def recover(self) -> list[dict[str, Any]]:
-        """At start: resolve every intent that has no outcome, in every slot."""
-        resolved: list[dict[str, Any]] = []
-        if not self.settings.slots_dir.is_dir():
-            return resolved
-        for slot_dir in sorted(self.settings.slots_dir.iterdir()):
-            if not slot_dir.is_dir() or not valid_slot_id(slot_dir.name):
-                continue
-            store = self.store(slot_dir.name)
-            with slot_lock(slot_dir):
-                for intent in store.open_intents():
-                    after = self._resolve(builtin.Context(slot_dir, self.settings), store, intent)
-                    resolved.append(
-                        {
-                            "slot_id": slot_dir.name,
-                            "key": intent.key,
-                            "tool": intent.tool,
-                            "job_id": intent.job_id,
-                            "generation": intent.generation,
-                            "resolution": "applied"
-                            if after.status == Status.APPLIED
-                            else "not_applied",
-                        }
-                    )
-        return resolved
-
 
 def _fence(
     stamp: Stamp, envelope: Envelope, mutating: bool, store: ReceiptStore, now: datetime
@@ -436,56 +310,6 @@ def _mark_poisoned(slot_dir: Path, reason: str) -> None:
         return  # never leased: there is no lease to take away
     poisoned = current.model_copy(update={"state": SlotState.POISONED, "reason": reason})
     write_stamp(slot_dir, poisoned)
-
-
-def _replayed(receipt: Receipt, log: dict[str, Any]) -> Reply:
-    log.update(receipt_job=receipt.job_id, receipt_generation=receipt.generation)
-    result = (
-        receipt.result
-        if receipt.result is not None
-        else ({"error": receipt.detail} if receipt.detail else {})
-    )
-    return Reply(
-        200,
-        {"result": result, "receipt": receipt.to_wire(), "replayed": True},
-        events.OUTCOME_REPLAYED,
-        None,
-        log,
-    )
-
-
-def _intent_fields(tool: str, ctx: builtin.Context, args: Any) -> dict[str, Any]:
-    """What the intent must record so a lost outcome can be resolved from the tree."""
-    if tool == "write_file":
-        paths.check_relpath(args.path)
-        return {
-            "relpath": args.path,
-            "digest": builtin.sha256(args.content.encode("utf-8")),
-            "pre_digest": paths.digest_of(ctx.work, args.path),
-        }
-    if tool == "apply_patch":
-        builtin.check_patch(args.patch)
-        return {"patch_sha256": builtin.save_patch(ctx, args.patch)}
-    if tool == "rm":
-        paths.check_relpath(args.path)
-        return {"relpath": args.path, "pre_digest": paths.digest_of(ctx.work, args.path)}
-    if tool == "mv":
-        paths.check_relpath(args.src)
-        paths.check_relpath(args.dst)
-        return {
-            "relpath": f"{args.src}\x00{args.dst}",
-            "pre_digest": paths.digest_of(ctx.work, args.src),
-        }
-    if tool == "git_commit":
-        return {"pre_digest": builtin.head_of(ctx)}
-    return {}
-
-
-def _run(tool: str, ctx: builtin.Context, args: Any, envelope: Envelope) -> dict[str, Any]:
-    if tool == "run_tests":
-        return builtin.run_tests(ctx, args, job_id=envelope.job_id, generation=envelope.generation)
-    fn: Callable[[builtin.Context, Any], dict[str, Any]] = getattr(builtin, tool)
-    return fn(ctx, args)
 
 
 def _maybe_crash(settings: Settings, tool: str, key: str | None) -> None:
