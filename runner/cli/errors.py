@@ -2,7 +2,7 @@
 
 A verb raises; it never prints an error or picks an exit code for one. The root group
 (:mod:`runner.cli.root`) runs every verb inside :func:`guard`, which decides both.
-The exit codes of ``slotrunner`` (docs/architecture.md, "The command line")::
+The exit codes of ``slotrunner`` (docs/architecture.md, §Errors)::
 
     code  stderr                              when
     0                                         done, and the verdict is good
