@@ -221,12 +221,11 @@ def test_a_failing_fsync_during_slots_lease_is_one_line(
     env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """slots lease whose stamp fsync fails (EIO through the durable writer) names the failure."""
-    from runner.core import durable
 
     def eio(fd: int) -> None:
         raise OSError(5, os.strerror(5))
 
-    monkeypatch.setattr(durable.os, "fsync", eio)
+    monkeypatch.setattr(os, "fsync", eio)  # the os module durable calls
     line = error_line(run(env, "slots", "lease", "--job", "job-a"))
     assert "fsync failed" in line and "Input/output error" in line
 

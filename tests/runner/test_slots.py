@@ -88,8 +88,8 @@ def test_second_release_is_refused_and_logged(settings: Settings) -> None:
         pool.release(stamp.slot_id, "job-A", stamp.generation)
     current = read_stamp(settings.slots_dir / again.slot_id)
     assert current is not None and current.job_id == "job-B" and current.state == SlotState.LEASED
-    refused = [e for e in log_events(settings) if e["event"] == "slot_release_refused"]
-    assert len(refused) == 1 and refused[0]["job_id"] == "job-A"
+    refusals = [e for e in log_events(settings) if e["event"] == "slot_release_refused"]
+    assert len(refusals) == 1 and refusals[0]["job_id"] == "job-A"
 
 
 def test_monotonic_across_process_with_redis_flushed(tmp_path: Path) -> None:

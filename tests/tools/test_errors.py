@@ -6,6 +6,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+from operator import attrgetter
 
 import httpx
 import pytest
@@ -50,7 +51,7 @@ def test_every_public_error_derives_from_the_root_and_is_drawn() -> None:
     assert {n: p for n, p in drawn.items() if p} == {n: actual[n] for n in drawn if drawn[n]}
 
 
-@pytest.mark.parametrize("cls", sorted(_public_errors().values(), key=lambda c: c.__name__))
+@pytest.mark.parametrize("cls", sorted(_public_errors().values(), key=attrgetter("__name__")))
 def test_every_error_carries_a_reason_value(cls: type[ToolError]) -> None:
     """The one reason type: the client's errors too carry a Reason, never a bare string."""
     assert isinstance(cls.reason, Reason)

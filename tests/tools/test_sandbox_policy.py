@@ -31,7 +31,7 @@ def path_without_bwrap(tmp_path: Path) -> str:
 
 
 def start(settings: Settings, tmp_path: Path, mode: str) -> tuple[ToolServer, dict[str, Any], Path]:
-    settings = settings.with_(sandbox=mode)  # type: ignore[arg-type]
+    settings = settings.with_(sandbox=mode)
     server = ToolServer(settings, tmp_path / "logs", PATH=path_without_bwrap(tmp_path))
     repo = tmp_path / "repo"
     base = make_repo(repo)
