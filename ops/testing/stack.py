@@ -130,18 +130,22 @@ def start_worker(
     name: str = "worker",
     concurrency: int = 2,
     pool: str = "prefork",
+    unacked_restore_s: float | None = None,
+    attempt_floor: bool = True,
 ) -> Child:
-    return Child(
-        name,
-        slotrunner_argv(
-            "worker",
-            "--concurrency",
-            str(concurrency),
-            "--pool",
-            pool,
-            "--hostname",
-            f"{name}-{os.getpid()}@%h",
-        ),
-        env,
-        log_dir / f"{name}.out",
-    )
+    """``slotrunner worker``; with a test option (``unacked_restore_s``, no
+    ``attempt_floor``), the test worker ``ops.testing.worker`` that takes it."""
+    args = [
+        *("--concurrency", str(concurrency)),
+        *("--pool", pool),
+        *("--hostname", f"{name}-{os.getpid()}@%h"),
+    ]
+    if unacked_restore_s is None and attempt_floor:
+        argv = slotrunner_argv("worker", *args)
+    else:
+        if unacked_restore_s is not None:
+            args += ["--unacked-restore-s", str(unacked_restore_s)]
+        if not attempt_floor:
+            args.append("--no-attempt-floor")
+        argv = [sys.executable, "-m", "ops.testing.worker", *args]
+    return Child(name, argv, env, log_dir / f"{name}.out")

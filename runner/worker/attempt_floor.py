@@ -35,9 +35,6 @@ from runner.core.ids import valid_job_id
 from runner.errors import RunnerError
 
 ATTEMPTS_DIR = "attempts"
-# Test only: "1" runs jobs without the floor, so the chaos campaign can show that its
-# check catches the attempt numbers a Redis wipe then reissues.
-DISABLE_ENV = "SLOTRUNNER_TEST_DISABLE_ATTEMPT_FLOOR"
 LOCK_TIMEOUT_S = 60.0
 
 

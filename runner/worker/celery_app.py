@@ -10,10 +10,12 @@ died resumes within visibility timeout + heartbeat TTL.
 Environment read here (the factory is an edge, like ``Settings.from_env``):
 
     SLOTRUNNER_VISIBILITY_TIMEOUT_S    300  kombu's visibility timeout (Redis broker)
-    SLOTRUNNER_TEST_UNACKED_RESTORE_S  -    test only: kombu's unacked_restore_interval
-                                            (with unacked_restore_throttle 1), so a
-                                            short visibility timeout redelivers quickly
     plus the job timing knobs of ``runner.jobs.config``.
+
+Nothing else changes a worker's behaviour, and no environment variable switches a
+safety check off. A test that needs other broker options (a quick restore of unacked
+deliveries) or runs without the attempt floor builds its app with the arguments of
+:func:`create_app`, in a worker process of its own (``ops.testing.worker``).
 """
 
 from __future__ import annotations
@@ -37,16 +39,9 @@ WORKER_MODULES = ("runner.worker.tasks", "hooks.celery_hooks")
 
 
 def broker_transport_options(env: Mapping[str, str]) -> dict[str, Any]:
-    options: dict[str, Any] = {
+    return {
         "visibility_timeout": seconds(env, "SLOTRUNNER_VISIBILITY_TIMEOUT_S", VISIBILITY_TIMEOUT_S)
     }
-    restore_s = env.get("SLOTRUNNER_TEST_UNACKED_RESTORE_S")
-    if restore_s:
-        options["unacked_restore_interval"] = seconds(
-            env, "SLOTRUNNER_TEST_UNACKED_RESTORE_S", 10.0
-        )
-        options["unacked_restore_throttle"] = 1
-    return options
 
 
 def create_app(
@@ -56,7 +51,16 @@ def create_app(
     broker_options: dict[str, Any] | None = None,
     job_config: JobConfig | None = None,
     env: Mapping[str, str] | None = None,
+    attempt_floor: bool = True,
 ) -> Celery:
+    """The slotrunner app, for a client (it only sends) and for a worker.
+
+    ``broker_options`` are added to kombu's transport options (over the visibility
+    timeout of the environment). ``attempt_floor=False`` runs this app's jobs on the
+    Redis attempt counter alone, without the host's floor and kept results
+    (``runner.worker.liveness``): only the chaos campaign's control run does, to show
+    that its check catches the attempt numbers a Redis wipe then reissues.
+    """
     env = os.environ if env is None else env
     url = redis_url or resolve_url(settings)
     app = Celery("slotrunner", broker=url, set_as_current=True, include=list(WORKER_MODULES))
@@ -81,4 +85,21 @@ def create_app(
     app.slotrunner_settings = settings
     app.slotrunner_redis_url = url
     app.slotrunner_job_config = job_config or JobConfig.from_env(env)
+    app.slotrunner_attempt_floor = attempt_floor
     return app
+
+
+def worker_argv(
+    settings: Settings, *, concurrency: int, pool: str, loglevel: str, hostname: str | None
+) -> list[str]:
+    """The arguments of ``app.worker_main`` for a worker consuming the job queue."""
+    return [
+        "worker",
+        *("-Q", QUEUE),
+        *("--concurrency", str(concurrency)),
+        *("--pool", pool),
+        *("--loglevel", loglevel),
+        "--without-mingle",
+        "--without-gossip",
+        *("-n", hostname or f"slotrunner-{settings.host}@%h"),
+    ]

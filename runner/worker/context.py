@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 
@@ -34,9 +35,19 @@ class WorkerContext:
     client: ToolClient
     config: JobConfig = field(default_factory=JobConfig)
     janitor: Janitor | None = None
+    # False: attempts rest on the Redis counter alone, without this host's attempt
+    # floor and kept results (see ``runner.worker.celery_app.create_app``).
+    attempt_floor: bool = True
+
+    @property
+    def floor_home(self) -> Path | None:
+        """The home whose attempt floors and kept results the claims use (None: none)."""
+        return self.settings.home if self.attempt_floor else None
 
     @classmethod
-    def build(cls, settings: Settings, config: JobConfig | None = None) -> WorkerContext:
+    def build(
+        cls, settings: Settings, config: JobConfig | None = None, *, attempt_floor: bool = True
+    ) -> WorkerContext:
         client = connect(settings)
         log = EventLog(settings)
         slots = SlotPool(settings, client, log)
@@ -49,17 +60,25 @@ class WorkerContext:
             ToolClient(settings.toolserver_url, token=settings.token),
             config or JobConfig(),
             Janitor(settings, client, log, slots),
+            attempt_floor,
         )
 
 
 _CONTEXTS: dict[int, WorkerContext] = {}
 
 
-def context_for(settings: Settings, config: JobConfig | None = None) -> WorkerContext:
+def context_for(
+    settings: Settings, config: JobConfig | None = None, *, attempt_floor: bool = True
+) -> WorkerContext:
     """One context per process: connections are never shared across a fork."""
     pid = os.getpid()
     config = config or JobConfig()
     ctx = _CONTEXTS.get(pid)
-    if ctx is None or ctx.settings != settings or ctx.config != config:
-        ctx = _CONTEXTS[pid] = WorkerContext.build(settings, config)
+    if (
+        ctx is None
+        or ctx.settings != settings
+        or ctx.config != config
+        or ctx.attempt_floor != attempt_floor
+    ):
+        ctx = _CONTEXTS[pid] = WorkerContext.build(settings, config, attempt_floor=attempt_floor)
     return ctx

@@ -18,7 +18,6 @@ from runner.jobs.models import JobResult, JobSpec
 from runner.jobs.results import load_result
 from runner.slots.lease_keeper import LeaseKeeper
 from runner.worker.attempt import Attempt
-from runner.worker.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
 from runner.worker.context import WorkerContext
 from runner.worker.liveness import Finished, Heartbeat, Liveness, acquire
 
@@ -29,8 +28,7 @@ def run_job(spec: JobSpec, ctx: WorkerContext, *, worker: str | None = None) -> 
     job_id = spec.job_id
     assert job_id is not None
     who: dict[str, Any] = {"pid": os.getpid(), "worker": worker}
-    floor_home = None if os.environ.get(FLOOR_DISABLE_ENV) == "1" else ctx.settings.home
-    liveness = Liveness(ctx.redis, job_id, ctx.config, home=floor_home)
+    liveness = Liveness(ctx.redis, job_id, ctx.config, home=ctx.floor_home)
     while True:
         claimed = acquire(liveness, ctx.log, **who)
         if not isinstance(claimed, Finished):

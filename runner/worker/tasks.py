@@ -33,9 +33,10 @@ def run_agent_job(self: Task, spec: dict[str, Any]) -> dict[str, Any]:
     app = self.app
     settings = app.slotrunner_settings
     config = getattr(app, "slotrunner_job_config", None) or JobConfig()
+    floor = bool(getattr(app, "slotrunner_attempt_floor", True))
     job = JobSpec.model_validate(spec)
     try:
-        ctx = context_for(settings, config)
+        ctx = context_for(settings, config, attempt_floor=floor)
         result = run_job(job, ctx, worker=self.request.hostname)
         finished = bool(ctx.redis.exists(keys.job_result(result.job_id)))
     except Exception as exc:
@@ -50,7 +51,7 @@ def run_agent_job(self: Task, spec: dict[str, Any]) -> dict[str, Any]:
             raise self.retry(
                 exc=exc, countdown=countdown, max_retries=config.delivery_retries
             ) from exc
-        give_up(settings, config, job, exc, retries)
+        give_up(settings, config, job, exc, retries, attempt_floor=floor)
         raise
     if not finished:
         # This delivery ends with the job unfinished (a newer attempt superseded it).
@@ -64,13 +65,19 @@ def run_agent_job(self: Task, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def give_up(
-    settings: Settings, config: JobConfig, job: JobSpec, exc: Exception, retries: int
+    settings: Settings,
+    config: JobConfig,
+    job: JobSpec,
+    exc: Exception,
+    retries: int,
+    *,
+    attempt_floor: bool = True,
 ) -> None:
     """Fail the job after its last retry, unless an attempt still runs or it finished."""
     job = job.with_job_id()
     assert job.job_id is not None
     with contextlib.suppress(Exception):  # Redis may be the very thing that is gone
-        ctx = context_for(settings, config)
+        ctx = context_for(settings, config, attempt_floor=attempt_floor)
         if ctx.redis.exists(keys.job_heartbeat(job.job_id)):
             return  # a live attempt will commit its own result
         current = int(ctx.redis.get(keys.job_attempt(job.job_id)) or 0)

@@ -18,7 +18,6 @@ import pytest
 
 from ops.testing.chaos.campaign import ChaosConfig, run_campaign
 from ops.testing.chaos.report import REPORT_JSON, REPORT_TXT
-from runner.worker.attempt_floor import DISABLE_ENV as FLOOR_DISABLE_ENV
 from tools.server.service import DISABLE_ENV
 
 OWNERSHIP = ("stale_generation_apply", "cross_job_apply")
@@ -89,7 +88,7 @@ def test_campaign_fails_when_a_wipe_can_reissue_attempt_numbers(tmp_path: Path) 
             jobs=6,
             report_dir=tmp_path / "chaos",
             kinds=("redis_wipe",),
-            worker_env={FLOOR_DISABLE_ENV: "1"},
+            attempt_floor=False,
         )
     )
     check = report.check("attempts_never_repeat")

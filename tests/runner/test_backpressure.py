@@ -63,11 +63,11 @@ def test_a_rejection_is_counted_once(redis_client: redis.Redis) -> None:
 
 
 def test_broker_options_come_from_the_environment() -> None:
-    """Visibility timeout defaults to minutes; the test-only restore interval is honoured."""
+    """Visibility timeout defaults to minutes; no test switch in the environment is read."""
     assert broker_transport_options({}) == {"visibility_timeout": 300.0}
     assert broker_transport_options(
         {"SLOTRUNNER_VISIBILITY_TIMEOUT_S": "3", "SLOTRUNNER_TEST_UNACKED_RESTORE_S": "0.5"}
-    ) == {"visibility_timeout": 3.0, "unacked_restore_interval": 0.5, "unacked_restore_throttle": 1}
+    ) == {"visibility_timeout": 3.0}
     with pytest.raises(SettingsError, match="SLOTRUNNER_VISIBILITY_TIMEOUT_S"):
         broker_transport_options({"SLOTRUNNER_VISIBILITY_TIMEOUT_S": "0"})
 

@@ -41,14 +41,18 @@ while not pathlib.Path("go").exists():
 """
 
 # Broker and liveness clocks short enough for tests: a copy of a job is redelivered
-# ~3-4 s after its delivery, and a silent attempt is taken over 3 s after its last beat.
+# ~3-4 s after its delivery (with ``unacked_restore_s=UNACKED_RESTORE_S``), and a
+# silent attempt is taken over 3 s after its last beat.
 FAST = {
     "SLOTRUNNER_VISIBILITY_TIMEOUT_S": "3",
-    "SLOTRUNNER_TEST_UNACKED_RESTORE_S": "1",
     "SLOTRUNNER_HEARTBEAT_TTL_S": "3",
     "SLOTRUNNER_HEARTBEAT_INTERVAL_S": "0.5",
     "SLOTRUNNER_JANITOR_INTERVAL_S": "1",
 }
+# kombu restores unacked deliveries past the visibility timeout this often. An option
+# of the test worker (``ops.testing.worker``), not an environment variable: a normally
+# started ``slotrunner worker`` has no way to take it.
+UNACKED_RESTORE_S = 1.0
 
 
 def wait_until(what: str, probe: Callable[[], T | None], timeout_s: float = 40.0) -> T:
@@ -64,10 +68,22 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout_s: float = 40.0
 
 
 class Stack:
-    """A tool server and some Celery workers serving one test's home."""
+    """A tool server and some Celery workers serving one test's home.
 
-    def __init__(self, settings: Settings, tmp_path: Path, **extra_env: str) -> None:
+    Workers are ``slotrunner worker``; given ``unacked_restore_s``, the test worker
+    that restores unacked deliveries that often.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        tmp_path: Path,
+        *,
+        unacked_restore_s: float | None = None,
+        **extra_env: str,
+    ) -> None:
         self.tmp_path = tmp_path
+        self.unacked_restore_s = unacked_restore_s
         self.server = ToolServer(settings, tmp_path / "logs")
         self.settings = self.server.settings
         self.env = child_env(self.settings, **extra_env)
@@ -80,7 +96,13 @@ class Stack:
         self.base = make_repo(self.repo, {"pkg/__init__.py": "", "README": "sample\n"})
 
     def worker(self, name: str, concurrency: int = 1) -> Child:
-        child = start_worker(self.env, self.tmp_path / "logs", name=name, concurrency=concurrency)
+        child = start_worker(
+            self.env,
+            self.tmp_path / "logs",
+            name=name,
+            concurrency=concurrency,
+            unacked_restore_s=self.unacked_restore_s,
+        )
         self.workers.append(child)
         return child
 
@@ -183,8 +205,10 @@ class Stack:
 
 
 @contextmanager
-def stack(settings: Settings, tmp_path: Path, **extra_env: str) -> Iterator[Stack]:
-    running = Stack(settings, tmp_path, **extra_env)
+def stack(
+    settings: Settings, tmp_path: Path, *, unacked_restore_s: float | None = None, **extra_env: str
+) -> Iterator[Stack]:
+    running = Stack(settings, tmp_path, unacked_restore_s=unacked_restore_s, **extra_env)
     try:
         yield running
     finally:

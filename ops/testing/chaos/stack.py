@@ -27,15 +27,17 @@ from ops.testing.stack import Child, StackError, free_port, start_toolserver, st
 from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
 
-# Redelivery ~4 s after a delivery, takeover 3 s after an attempt's last beat.
+# Redelivery ~4 s after a delivery, takeover 3 s after an attempt's last beat: the
+# environment's knobs, and kombu's restore of unacked deliveries every second (an
+# option of the test worker, ``ops.testing.worker``, that a normal worker never reads).
 FAST_ENV = {
     "SLOTRUNNER_VISIBILITY_TIMEOUT_S": "3",
-    "SLOTRUNNER_TEST_UNACKED_RESTORE_S": "1",
     "SLOTRUNNER_HEARTBEAT_TTL_S": "3",
     "SLOTRUNNER_HEARTBEAT_INTERVAL_S": "0.5",
     "SLOTRUNNER_JANITOR_INTERVAL_S": "1",
 }
 VISIBILITY_S = float(FAST_ENV["SLOTRUNNER_VISIBILITY_TIMEOUT_S"])
+UNACKED_RESTORE_S = 1.0
 LEASE_TTL_S = 20.0
 UPSTREAM_WAIT_S = 30.0  # the proxy waits this long for a restarting tool server
 
@@ -94,9 +96,11 @@ class ChaosStack:
         workers: int,
         concurrency: int = 2,
         toolserver_env: Mapping[str, str] | None = None,
-        worker_env: Mapping[str, str] | None = None,
+        attempt_floor: bool = True,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
+        """``attempt_floor=False`` starts the workers without the host's attempt floor
+        (the control run of ``tests/chaos/test_chaos_e2e.py``)."""
         self.home = home
         self.n_workers = workers
         self.concurrency = concurrency
@@ -123,7 +127,7 @@ class ChaosStack:
         # Workers get the same settings but call the tool server through the fault proxy.
         self.env = {**base, "PYTHONUNBUFFERED": "1", **self.settings.to_env(), **FAST_ENV}
         self.toolserver_env = {**self.env, **(toolserver_env or {})}
-        self.worker_env = dict(worker_env or {})
+        self.attempt_floor = attempt_floor
         self.log = LogTail(self.settings.log_path)
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
         self.proxy = FaultProxy(
@@ -148,13 +152,20 @@ class ChaosStack:
         self.toolserver = start_toolserver(self.toolserver_env, self.port, logs)
         self._supervisor.start()
         proxy_url = self.proxy.start()
-        worker_env = {**self.env, "SLOTRUNNER_TOOLSERVER_URL": proxy_url, **self.worker_env}
-        self._worker_start_env = worker_env
+        self._worker_start_env = {**self.env, "SLOTRUNNER_TOOLSERVER_URL": proxy_url}
         with self._workers_lock:
             for n in range(self.n_workers):
-                self.workers.append(
-                    start_worker(worker_env, logs, name=f"w{n + 1}", concurrency=self.concurrency)
-                )
+                self.workers.append(self._start_worker(f"w{n + 1}"))
+
+    def _start_worker(self, name: str) -> Child:
+        return start_worker(
+            self._worker_start_env,
+            self.home / "logs",
+            name=name,
+            concurrency=self.concurrency,
+            unacked_restore_s=UNACKED_RESTORE_S,
+            attempt_floor=self.attempt_floor,
+        )
 
     @property
     def app(self) -> Celery:
@@ -200,12 +211,7 @@ class ChaosStack:
                 ]
                 why = last[-1].strip()[:200] if last else f"exit {child.proc.returncode}"
                 self.worker_restarts.append(f"{child.name}: {why}")
-                self.workers[n] = start_worker(
-                    self._worker_start_env,
-                    self.home / "logs",
-                    name=child.name,
-                    concurrency=self.concurrency,
-                )
+                self.workers[n] = self._start_worker(child.name)
 
     def stop_workers(self) -> None:
         with self._workers_lock:
