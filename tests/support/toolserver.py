@@ -5,23 +5,41 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ops.testing.faultplan import FaultPlan
 from ops.testing.stack import Child, free_port, stack_env, start_toolserver
 from runner.core.settings import Settings
 
 
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment of a child process (tool server, worker, CLI) serving ``settings``."""
-    return stack_env(os.environ, **settings.to_env(), **extra)
+    # ``extra`` wins over the settings: a test may start a child with, say, its own token.
+    return stack_env(os.environ, **{**settings.to_env(), **extra})
 
 
 class ToolServer:
-    """A real tool server process serving one test's home."""
+    """A real tool server process serving one test's home.
 
-    def __init__(self, settings: Settings, log_dir: Path, **extra_env: str) -> None:
+    ``slotrunner toolserver`` itself, unless the test asks for a seam: ``faults=True``
+    starts the test server with a fault plan the test arms while it runs
+    (``self.faults``), ``fence=False`` with the envelope check off
+    (``ops.testing.toolserver``).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_dir: Path,
+        *,
+        faults: bool = False,
+        fence: bool = True,
+        **extra_env: str,
+    ) -> None:
         self.port = free_port()
         self.settings = settings.with_(toolserver_url=f"http://127.0.0.1:{self.port}")
         self.log_dir = log_dir
         self.extra_env = extra_env
+        self.fence = fence
+        self.faults = FaultPlan(log_dir.parent / "faults") if faults else None
         self.child: Child | None = None
         self.start()
 
@@ -31,7 +49,13 @@ class ToolServer:
 
     def start(self, **extra_env: str) -> None:
         env = child_env(self.settings, **{**self.extra_env, **extra_env})
-        self.child = start_toolserver(env, self.port, self.log_dir)
+        self.child = start_toolserver(
+            env,
+            self.port,
+            self.log_dir,
+            fence=self.fence,
+            faults=self.faults.root if self.faults is not None else None,
+        )
 
     def stop(self) -> None:
         if self.child is not None:
