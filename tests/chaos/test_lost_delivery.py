@@ -25,7 +25,7 @@ def test_job_survives_its_takeover_copy_dying_after_the_zombie_acked(
     settings: Settings, tmp_path: Path
 ) -> None:
     """Pause attempt 1 until attempt 2 takes over, let 1 end, kill 2: attempt 3 finishes it."""
-    with stack(settings.with_(slots=2), tmp_path, unacked_restore_s=UNACKED_RESTORE_S, **FAST) as s:
+    with stack(settings.with_(slots=2), tmp_path, UNACKED_RESTORE_S, **FAST) as s:
         s.worker("w1")
         s.worker("w2")
         s.submit("lost-1", gated_steps())

@@ -33,7 +33,7 @@ def assert_once(s: Stack, job_id: str) -> None:
 
 def test_redelivered_copy_watches_the_live_attempt(settings: Settings, tmp_path: Path) -> None:
     """A copy redelivered after the visibility timeout watches the live attempt, starts nothing."""
-    with stack(settings, tmp_path, unacked_restore_s=UNACKED_RESTORE_S, **FAST) as s:
+    with stack(settings, tmp_path, UNACKED_RESTORE_S, **FAST) as s:
         s.worker("w1")
         s.worker("w2")
         s.submit("redeliver-1", gated_steps())
@@ -52,7 +52,7 @@ def test_redelivered_copy_watches_the_live_attempt(settings: Settings, tmp_path:
 
 def test_whole_worker_killed_resumes_as_a_new_attempt(settings: Settings, tmp_path: Path) -> None:
     """SIGKILL of a worker's whole group: a new attempt resumes it, the old slot is recycled."""
-    with stack(settings.with_(slots=1), tmp_path, unacked_restore_s=UNACKED_RESTORE_S, **FAST) as s:
+    with stack(settings.with_(slots=1), tmp_path, UNACKED_RESTORE_S, **FAST) as s:
         s.worker("w1")
         s.worker("w2")
         s.submit("killed-1", gated_steps())
@@ -84,7 +84,7 @@ def test_whole_worker_killed_resumes_as_a_new_attempt(settings: Settings, tmp_pa
 
 def test_paused_worker_is_superseded_and_fenced(settings: Settings, tmp_path: Path) -> None:
     """SIGSTOP past the heartbeat TTL: a new attempt supersedes the zombie, fenced off for good."""
-    with stack(settings.with_(slots=1), tmp_path, unacked_restore_s=UNACKED_RESTORE_S, **FAST) as s:
+    with stack(settings.with_(slots=1), tmp_path, UNACKED_RESTORE_S, **FAST) as s:
         s.worker("w1")
         s.worker("w2")
         s.submit("paused-1", gated_steps())

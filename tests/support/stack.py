@@ -41,7 +41,7 @@ while not pathlib.Path("go").exists():
 """
 
 # Broker and liveness clocks short enough for tests: a copy of a job is redelivered
-# ~3-4 s after its delivery (with ``unacked_restore_s=UNACKED_RESTORE_S``), and a
+# ~3-4 s after its delivery (with ``stack(..., UNACKED_RESTORE_S, **FAST)``), and a
 # silent attempt is taken over 3 s after its last beat.
 FAST = {
     "SLOTRUNNER_VISIBILITY_TIMEOUT_S": "3",
@@ -71,15 +71,16 @@ class Stack:
     """A tool server and some Celery workers serving one test's home.
 
     Workers are ``slotrunner worker``; given ``unacked_restore_s``, the test worker
-    that restores unacked deliveries that often.
+    that restores unacked deliveries that often. (Positional, so that no ``**env``
+    can fill it.)
     """
 
     def __init__(
         self,
         settings: Settings,
         tmp_path: Path,
-        *,
         unacked_restore_s: float | None = None,
+        /,
         **extra_env: str,
     ) -> None:
         self.tmp_path = tmp_path
@@ -206,9 +207,9 @@ class Stack:
 
 @contextmanager
 def stack(
-    settings: Settings, tmp_path: Path, *, unacked_restore_s: float | None = None, **extra_env: str
+    settings: Settings, tmp_path: Path, unacked_restore_s: float | None = None, /, **extra_env: str
 ) -> Iterator[Stack]:
-    running = Stack(settings, tmp_path, unacked_restore_s=unacked_restore_s, **extra_env)
+    running = Stack(settings, tmp_path, unacked_restore_s, **extra_env)
     try:
         yield running
     finally:
