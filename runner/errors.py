@@ -15,6 +15,8 @@ as a second base (marked ``+``)::
     │                                    before it) failed; the record's fate is unknown
     ├── GitError                         runner.core.git: a git command that had to
     │                                    succeed failed
+    ├── PollTimeout                      runner.core.poll: what was polled for did not
+    │                                    happen in time
     ├── RedisUnavailable                 runner.redis_server: no Redis reached or started
     ├── PreflightError                   runner.worker.preflight: a Redis that would
     │                                    evict the keys that must survive

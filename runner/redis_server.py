@@ -19,13 +19,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import redis
 from filelock import FileLock
 
 from runner.core.durable import replace_file
+from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
 from runner.errors import RunnerError
 
@@ -140,12 +140,12 @@ class EmbeddedRedis:
             state = self._read_state()
             if state is None or not _pid_alive(state["pid"]):
                 raise RedisUnavailable(f"no embedded Redis runs under {self.dir}")
-            os.kill(state["pid"], signal.SIGKILL)
-            deadline = time.monotonic() + timeout_s
-            while _pid_alive(state["pid"]):
-                if time.monotonic() > deadline:
-                    raise RedisUnavailable(f"Redis pid {state['pid']} did not die")
-                time.sleep(0.01)
+            pid = state["pid"]
+            os.kill(pid, signal.SIGKILL)
+            try:
+                poll_until(lambda: not _pid_alive(pid), timeout_s, 0.01)
+            except PollTimeout:
+                raise RedisUnavailable(f"Redis pid {pid} did not die") from None
             if wipe:
                 for name in ("appendonly.aof", "appendonlydir", "dump.rdb"):
                     target = self.dir / name
@@ -157,18 +157,21 @@ class EmbeddedRedis:
 
     def _start(self, port: int | None = None) -> str:
         """Start the server on ``port`` (retried while it is busy) or on a free one."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
+
+        def started() -> str | None:
             chosen = port if port is not None else _free_port()
             pid = self._launch(chosen)
-            if pid is not None:
-                replace_file(self._state, json.dumps({"pid": pid, "port": chosen}).encode())
-                return self.url_for(chosen)
-            if time.monotonic() > deadline:
-                raise RedisUnavailable(
-                    f"the embedded Redis did not start (see {self.dir / 'redis.log'})"
-                )
-            time.sleep(0.1)
+            if pid is None:
+                return None
+            replace_file(self._state, json.dumps({"pid": pid, "port": chosen}).encode())
+            return self.url_for(chosen)
+
+        try:
+            return poll_until(started, START_TIMEOUT_S, 0.1)
+        except PollTimeout:
+            raise RedisUnavailable(
+                f"the embedded Redis did not start (see {self.dir / 'redis.log'})"
+            ) from None
 
     def _launch(self, port: int) -> int | None:
         """One try: the server's pid once it answers, or None (the port was busy)."""
@@ -205,12 +208,16 @@ class EmbeddedRedis:
             check=False,
         )
         url = self.url_for(port)
-        give_up = time.monotonic() + LAUNCH_WAIT_S
-        while launched.returncode == 0 and time.monotonic() < give_up:
+
+        def answering_pid() -> int | None:
             if pidfile.exists() and _ping(url):
                 with contextlib.suppress(ValueError):
                     return int(pidfile.read_text().strip())
-            time.sleep(0.02)
+            return None
+
+        if launched.returncode == 0:
+            with contextlib.suppress(PollTimeout):
+                return poll_until(answering_pid, LAUNCH_WAIT_S, 0.02)
         # It did not come up (a daemon that failed to bind exits on its own): make sure.
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)

@@ -13,6 +13,7 @@ with its old envelope.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -36,6 +37,7 @@ from ops.testing.stack import (
     start_worker,
 )
 from runner.core.logs import EventLog
+from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
 from runner.slots.pool import SlotPool
@@ -120,11 +122,10 @@ def _wait_consuming(broker_url: str, timeout_s: float = 30.0) -> None:
     from ops.restore import consuming_workers
     from ops.testing.stack import StackError
 
-    give_up = time.monotonic() + timeout_s
-    while not consuming_workers(broker_url, timeout_s=0.5):
-        if time.monotonic() > give_up:
-            raise StackError(f"the worker did not start consuming within {timeout_s:g}s")
-        time.sleep(0.2)
+    try:
+        poll_until(lambda: consuming_workers(broker_url, timeout_s=0.5), timeout_s, 0.2)
+    except PollTimeout:
+        raise StackError(f"the worker did not start consuming within {timeout_s:g}s") from None
 
 
 def run_once(fence: bool, scratch: Path) -> Timeline:
@@ -224,9 +225,8 @@ def run_once(fence: bool, scratch: Path) -> Timeline:
             + ("untouched" if timeline.victim_intact else "CHANGED by job-A's patch")
         )
         wait_s = PAGE_WAIT_S if not fence else QUIET_WAIT_S
-        give_up = time.monotonic() + wait_s
-        while time.monotonic() < give_up and not receiver.alerts:
-            time.sleep(0.05)
+        with contextlib.suppress(PollTimeout):  # fence on: no page is the expected answer
+            poll_until(lambda: receiver.alerts, wait_s, 0.05)
         timeline.pages = list(receiver.alerts)
         if timeline.pages:
             kinds = sorted({a.get("labels", {}).get("alertname", "?") for a in timeline.pages})

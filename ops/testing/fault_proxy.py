@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import httpx
 
+from runner.core.poll import PollTimeout, poll_until
 from tools.client import PID_HEADER
 
 Fault = Literal[
@@ -158,18 +159,21 @@ class FaultProxy:
 
     def _forward(self, call: Call, headers: dict[str, str]) -> httpx.Response | None:
         """The upstream's answer; None when it stayed unreachable for upstream_wait_s."""
-        give_up = time.monotonic() + self.upstream_wait_s
-        while True:
+
+        def answered() -> httpx.Response | None:
             try:
                 return self._client.request(
                     call.method, call.path, content=call.body, headers=headers
                 )
             except httpx.ConnectError:
-                if time.monotonic() >= give_up:
-                    return None
-                time.sleep(_CONNECT_RETRY_S)
+                return None  # down (restarting): ask again
             except httpx.TransportError as exc:
                 raise _Dropped(str(exc)) from exc
+
+        try:
+            return poll_until(answered, self.upstream_wait_s, _CONNECT_RETRY_S)
+        except PollTimeout:
+            return None
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         proxy = self

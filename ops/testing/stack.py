@@ -12,13 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
 
 from ops.errors import OpsError
+from runner.core.poll import PollTimeout, poll_until
 
 
 class StackError(OpsError):
@@ -108,19 +108,23 @@ def start_toolserver(
 
 
 def wait_http(child: Child, url: str, timeout_s: float) -> None:
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
+
+    def answered() -> bool:
         if not child.alive():
             raise StackError(f"{child.name} exited early:\n{child.tail()}")
         try:
             # Any answer means it is up (with a token, /healthz answers 401).
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
+            return httpx.get(url, timeout=1.0).status_code < 500
         except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    child.stop()
-    raise StackError(f"{child.name} did not answer {url} within {timeout_s:g}s:\n{child.tail()}")
+            return False
+
+    try:
+        poll_until(answered, timeout_s, 0.1)
+    except PollTimeout:
+        child.stop()
+        raise StackError(
+            f"{child.name} did not answer {url} within {timeout_s:g}s:\n{child.tail()}"
+        ) from None
 
 
 def start_worker(

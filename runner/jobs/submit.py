@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from celery import Celery
 from pydantic import ValidationError
 
 from runner.core import keys
+from runner.core.poll import PollTimeout, poll_until
 from runner.errors import RunnerError
 from runner.jobs.models import JobResult, JobSpec
 from runner.jobs.queue import QUEUE, TASK_NAME
@@ -55,8 +57,8 @@ def wait_for(
 ) -> dict[str, JobResult]:
     """Results of the given jobs, as they come in, until all are done or time runs out."""
     done: dict[str, JobResult] = {}
-    give_up = time.monotonic() + timeout_s
-    while len(done) < len(job_ids) and time.monotonic() < give_up:
+
+    def all_done() -> bool:
         for job_id in job_ids:
             if job_id not in done:
                 result = load_result(client, job_id)
@@ -64,6 +66,8 @@ def wait_for(
                     done[job_id] = result
         if on_progress is not None:
             on_progress(done)
-        if len(done) < len(job_ids):
-            time.sleep(poll_s)
+        return len(done) == len(job_ids)
+
+    with contextlib.suppress(PollTimeout):  # what came in by then is the answer
+        poll_until(all_done, timeout_s, poll_s, what="every result")
     return done

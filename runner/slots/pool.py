@@ -24,6 +24,7 @@ from filelock import Timeout
 
 from runner.core import events, keys
 from runner.core.logs import EventLog
+from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now, valid_slot_id, write_stamp
@@ -145,17 +146,25 @@ class SlotPool:
         checks for a cancel there); an exception from it ends the wait.
         """
         self.ensure_layout()
-        give_up = time.monotonic() + wait_s
-        while True:
+        tries = 0
+
+        def free_slot() -> Stamp | None:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and on_wait is not None:
+                on_wait()  # between tries, after the sleep
             for slot_id in self.slot_ids():
                 stamp = self._try_lease(slot_id, job_id, attempt, ttl_s)
                 if stamp is not None:
                     return stamp
-            if time.monotonic() >= give_up:
-                raise NoSlotFree(f"all {self.settings.slots} slots stayed busy for {wait_s:.1f}s")
-            self.sleep(poll_s)
-            if on_wait is not None:
-                on_wait()
+            return None
+
+        try:
+            return poll_until(free_slot, wait_s, poll_s, sleep=self.sleep)
+        except PollTimeout:
+            raise NoSlotFree(
+                f"all {self.settings.slots} slots stayed busy for {wait_s:.1f}s"
+            ) from None
 
     def _try_lease(
         self, slot_id: str, job_id: str, attempt: int, ttl_s: float | None

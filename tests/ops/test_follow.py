@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +23,7 @@ from ops.cli import ops
 from ops.detect.detector import Incident, Kind, Malformed
 from ops.detect.follow import Follower
 from ops.page import PageError, Pager
+from runner.core.poll import PollTimeout, poll_until
 from runner.redis_server import EmbeddedRedis
 from tests.support.detectlog import lease_line, result_line
 from tests.support.repos import REPO
@@ -90,11 +90,10 @@ class Clock:
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    try:
+        poll_until(cond, timeout_s, 0.02, what=what)
+    except PollTimeout:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def append(path: Path, *lines: bytes) -> None:

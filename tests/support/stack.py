@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 import redis
 
 from ops.testing.stack import Child, start_worker
+from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
 from runner.jobs.models import JobResult
 from runner.jobs.submit import wait_for
@@ -57,14 +57,10 @@ UNACKED_RESTORE_S = 1.0
 
 def wait_until(what: str, probe: Callable[[], T | None], timeout_s: float = 40.0) -> T:
     """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
-    give_up = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.05)
+    try:
+        return poll_until(probe, timeout_s, 0.05, what=what)
+    except PollTimeout:
+        raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}") from None
 
 
 class Stack:

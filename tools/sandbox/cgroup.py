@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
+
+from runner.core.poll import PollTimeout, poll_until
 
 # How long a kill may take to empty the cgroup; tools/sandbox/process.py drains pipes as long.
 GRACE_S = 5.0
@@ -51,24 +52,27 @@ class PidsCgroup:
             return []
 
     def kill_all(self) -> None:
-        deadline = time.monotonic() + GRACE_S
-        while (pids := self.pids()) and time.monotonic() < deadline:
+        def emptied() -> bool:
+            pids = self.pids()
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)  # processes leave the cgroup once the kernel reaps them
+            return not pids  # processes leave the cgroup once the kernel reaps them
+
+        with contextlib.suppress(PollTimeout):
+            poll_until(emptied, GRACE_S, 0.01)
 
     def remove(self) -> None:
-        deadline = time.monotonic() + GRACE_S
-        while True:
+        def removed() -> bool:
             try:
                 self.path.rmdir()
-                return
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    return  # left for an operator; the name says whose it was
                 self.kill_all()
-                time.sleep(0.01)
+                return False
+
+        with contextlib.suppress(PollTimeout):  # left for an operator; its name says whose
+            poll_until(removed, GRACE_S, 0.01)
 
 
 def _pids_parents() -> list[Path]:

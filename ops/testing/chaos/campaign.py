@@ -12,6 +12,7 @@ it for the post-mortem.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
@@ -31,6 +32,7 @@ from ops.testing.chaos.report import ChaosReport, write_report
 from ops.testing.chaos.stack import VISIBILITY_S, ChaosStack, LogTail, wait_until
 from ops.testing.stack import StackError
 from runner.core.git import git_text, run_git
+from runner.core.poll import PollTimeout, poll_until
 from runner.jobs.models import JobResult
 from runner.jobs.results import load_result
 from runner.jobs.submit import submit
@@ -175,12 +177,14 @@ def _await(
     results: dict[str, JobResult],
     timeout_s: float,
 ) -> None:
-    give_up = time.monotonic() + timeout_s
-    while len(results) < len(plan.jobs) and time.monotonic() < give_up:
+
+    def finished() -> bool:
         collect()
-        if stack.restart_errors:
-            return  # the tool server is gone for good: nothing more will finish
-        time.sleep(0.2)
+        # A tool server gone for good (restart_errors) finishes nothing more.
+        return len(results) >= len(plan.jobs) or bool(stack.restart_errors)
+
+    with contextlib.suppress(PollTimeout):  # the checks then name what did not finish
+        poll_until(finished, timeout_s, 0.2)
 
 
 def _settle_slots(stack: ChaosStack) -> None:

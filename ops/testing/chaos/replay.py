@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from ops.testing.chaos.stack import ChaosStack, wait_until
+from runner.core.poll import PollTimeout, poll_until
 from runner.core.stamp import StampError, read_stamp
 
 REPLAY_WAIT_S = 30.0  # a replay waits this long for its slot to be leased again
@@ -81,15 +81,17 @@ def generation_of(stack: ChaosStack, slot_id: str) -> int:
 
 def _post(url: str, tool: str, body: dict[str, Any]) -> tuple[int, str | None]:
     """POST straight to the tool server, waiting out a restart (a connect error)."""
-    give_up = time.monotonic() + CONNECT_WAIT_S
-    while True:
+
+    def answered() -> httpx.Response | None:
         try:
-            reply = httpx.post(f"{url}/v1/tools/{tool}", json=body, timeout=60.0)
-            break
+            return httpx.post(f"{url}/v1/tools/{tool}", json=body, timeout=60.0)
         except httpx.ConnectError:
-            if time.monotonic() > give_up:
-                return 0, "connect_error"
-            time.sleep(0.1)
+            return None
+
+    try:
+        reply = poll_until(answered, CONNECT_WAIT_S, 0.1)
+    except PollTimeout:
+        return 0, "connect_error"
     try:
         data = reply.json()
     except ValueError:

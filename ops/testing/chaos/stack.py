@@ -24,6 +24,7 @@ from celery import Celery
 
 from ops.testing.fault_proxy import FaultProxy
 from ops.testing.stack import Child, StackError, free_port, start_toolserver, start_worker
+from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
 
@@ -78,12 +79,10 @@ class LogTail:
 
 def wait_until(probe: Callable[[], Any], timeout_s: float, poll_s: float = 0.1) -> Any:
     """``probe()``'s first truthy answer, or None when ``timeout_s`` ran out first."""
-    give_up = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found or time.monotonic() >= give_up:
-            return found or None
-        time.sleep(poll_s)
+    try:
+        return poll_until(probe, timeout_s, poll_s)
+    except PollTimeout:
+        return None
 
 
 class ChaosStack:
