@@ -131,10 +131,13 @@ def test_cli_names_an_unknown_fault_kind(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_sigterm_stops_the_campaign_and_everything_it_started(tmp_path: Path) -> None:
     """A campaign killed politely (SIGTERM) leaves no worker, tool server or Redis behind."""
+    import contextlib
     import signal
-    import time
 
     from ops.testing.chaos.checks import scan_processes
+    from ops.testing.chaos.stack import LogTail
+    from runner.core import events
+    from tests.support.stack import wait_until
 
     env = {**os.environ, "SLOTRUNNER_HOME": str(tmp_path / "home")}
     report_dir = tmp_path / "home" / "chaos" / "5"
@@ -145,18 +148,20 @@ def test_sigterm_stops_the_campaign_and_everything_it_started(tmp_path: Path) ->
         stderr=subprocess.STDOUT,
         text=True,
     )
-    give_up = time.monotonic() + 60
-    while not list((report_dir / "home" / "logs").glob("w*.out")):
-        assert proc.poll() is None and time.monotonic() < give_up, proc.stdout.read()  # type: ignore[union-attr]
-        time.sleep(0.1)
-    time.sleep(1.0)  # the workers are up and taking jobs
+    log = LogTail(report_dir / "home" / "logs" / "slotrunner.jsonl")
+
+    def taking_jobs() -> bool:
+        assert proc.poll() is None, proc.stdout.read()  # type: ignore[union-attr]
+        return bool(log.find(events.JOB_STARTED))
+
+    # The host's log says a worker took a job: the whole stack is up and busy.
+    wait_until("a worker of the campaign to start a job", taking_jobs, timeout_s=60)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
-    left: list[str] = []
-    while time.monotonic() < give_up + 30:
-        left = scan_processes(report_dir / "home")
-        if not left:
-            break
-        time.sleep(0.2)
-    assert left == []
+    # Killed children can take a moment to be reaped; the assert below shows who is left.
+    with contextlib.suppress(AssertionError):
+        wait_until(
+            "the campaign's processes to exit", lambda: not scan_processes(report_dir / "home"), 30
+        )
+    assert scan_processes(report_dir / "home") == []

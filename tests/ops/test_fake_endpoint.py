@@ -8,7 +8,6 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -113,12 +112,9 @@ def chat_request(content: str = "hello", messages: list[dict[str, Any]] | None =
     }
 
 
-def poll(predicate: Callable[[], bool], deadline_s: float = 10.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached before the deadline")
-        time.sleep(0.01)
+def reached(server: FakeEndpointServer, predicate: Callable[[dict[str, Any]], bool]) -> None:
+    """Wait until the endpoint's own state satisfies ``predicate`` (woken on each change)."""
+    server.endpoint.wait_for(predicate, timeout_s=10)
 
 
 def stats(base: str) -> dict[str, Any]:
@@ -252,7 +248,7 @@ def test_beyond_the_concurrency_limit_exactly_the_excess_gets_429(start: Any) ->
     threads = [threading.Thread(target=call) for _ in range(limit + extra)]
     for thread in threads:
         thread.start()
-    poll(lambda: stats(base)["in_flight"] == limit and stats(base)["answered_429"] == extra)
+    reached(server, lambda s: s["in_flight"] == limit and s["answered_429"] == extra)
     server.endpoint.release()
     for thread in threads:
         thread.join(timeout=30)
@@ -351,9 +347,9 @@ def test_a_retry_racing_a_hung_original_can_get_the_same_completion(start: Any) 
         if plan_request(FakeEndpointConfig(seed=s, **knobs), digest, 1).fault is Fault.HANG
         and plan_request(FakeEndpointConfig(seed=s, **knobs), digest, 2).duplicate
     )
-    _, base = start(seed=seed, **knobs)
+    server, base = start(seed=seed, **knobs)
     with _send_raw(int(base.rsplit(":", 1)[1]), chat_request()) as sock:
-        poll(lambda: stats(base)["timeouts_injected"] == 1)  # the original drew its hang
+        reached(server, lambda s: s["timeouts_injected"] == 1)  # the original drew its hang
         retry = httpx.post(f"{base}/v1/chat/completions", json=chat_request(), timeout=10)
         assert retry.headers["x-fake-fault"] == "duplicate"
         _, late = _give_up_then_read_late(sock)
@@ -363,10 +359,11 @@ def test_a_retry_racing_a_hung_original_can_get_the_same_completion(start: Any) 
 
 def test_an_http_client_timeout_on_a_hang_leaves_the_endpoint_answering_late(start: Any) -> None:
     """httpx gives up on a hung request; the endpoint still finishes it and counts a late body."""
-    _, base = start(hang_prob=1.0, hang_s=0.5, **FAST)
+    server, base = start(hang_prob=1.0, hang_s=0.5, **FAST)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base}/v1/chat/completions", json=chat_request(), timeout=0.1)
-    poll(lambda: stats(base)["late_bodies"] == 1)
+    # The late body is counted just before its capacity returns: wait for both.
+    reached(server, lambda s: s["late_bodies"] == 1 and s["requests_open"] == 0)
     assert stats(base)["in_flight"] == 0
 
 
@@ -383,7 +380,7 @@ def test_closing_the_server_ends_a_hang_at_once(start: Any) -> None:
 
     thread = threading.Thread(target=call)
     thread.start()
-    poll(lambda: stats(base)["in_flight"] == 1)
+    reached(server, lambda s: s["in_flight"] == 1)
     server.close()
     thread.join(timeout=10)
     assert not thread.is_alive() and outcome

@@ -39,6 +39,7 @@ class Receiver:
         self.requests = 0
         self._statuses = list(statuses)
         self._lock = threading.Lock()
+        self._posted = threading.Condition(self._lock)  # notified after each request
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,6 +50,7 @@ class Receiver:
                     status = outer._statuses.pop(0) if outer._statuses else 200
                     if status == 200:
                         outer.bodies.append(body)
+                    outer._posted.notify_all()
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -64,7 +66,19 @@ class Receiver:
     @property
     def alerts(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [alert for body in self.bodies for alert in body]
+            return self._alerts()
+
+    def _alerts(self) -> list[dict[str, Any]]:
+        return [alert for body in self.bodies for alert in body]
+
+    def wait_alerts(self, count: int, timeout_s: float = 20.0) -> list[dict[str, Any]]:
+        """The alerts once ``count`` were posted, woken by each request (no polling)."""
+        with self._posted:
+            if not self._posted.wait_for(lambda: len(self._alerts()) >= count, timeout_s):
+                raise AssertionError(
+                    f"{len(self._alerts())} alerts after {timeout_s:g}s, not {count}"
+                )
+            return self._alerts()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -89,7 +103,26 @@ class Clock:
         return self.now
 
 
+class Polls:
+    """A sink that passes each poll's items on, then wakes whoever waits on the follower."""
+
+    def __init__(self, sink: Callable[[list[Any]], None]) -> None:
+        self._sink = sink
+        self._polled = threading.Condition()
+
+    def __call__(self, items: list[Any]) -> None:
+        self._sink(items)
+        with self._polled:
+            self._polled.notify_all()
+
+    def wait(self, cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+        with self._polled:
+            if not self._polled.wait_for(cond, timeout_s):
+                raise AssertionError(f"timed out waiting for {what}")
+
+
 def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Poll for a readiness sign another process gives (a file it writes, a ping)."""
     try:
         poll_until(cond, timeout_s, 0.02, what=what)
     except PollTimeout:
@@ -124,20 +157,21 @@ def test_live_cross_job_line_is_paged_and_a_restart_neither_rereads_nor_repages(
     append(log, lease_line("A", 1), result_line("A", 1, "A:1", receipt_job="A"))
     pager = Pager(receiver.url, state)
     seen: list[Incident | Malformed] = []
-    follower = Follower([str(log)], state, paging_sink(pager, seen))
+    polls = Polls(paging_sink(pager, seen))
+    follower = Follower([str(log)], state, polls)
     stop = threading.Event()
     thread = threading.Thread(target=follower.run, args=(stop, 0.05))
     thread.start()
     try:
-        wait_for(lambda: follower.lines == 2, "the lines already there")
+        polls.wait(lambda: follower.lines == 2, "the lines already there")
         append(log, result_line("B", 1, "B:1", receipt_job="B"))
-        wait_for(lambda: len(receiver.alerts) == 1, "the page")
+        receiver.wait_alerts(1)
     finally:
         stop.set()
         thread.join(10)
         follower.close()
         pager.close()
-    alert = receiver.alerts[0]
+    [alert] = receiver.alerts
     assert alert["labels"]["alertname"] == "slotrunner_cross_job_apply"
     assert alert["labels"]["severity"] == "page"
     assert alert["labels"]["slot_id"] == "S1" and alert["labels"]["job_id"] == "B"
@@ -280,11 +314,12 @@ def test_follow_cli_pages_a_live_line_and_ends_on_sigterm(
     try:
         wait_for(lambda: (state / "checkpoint.json").exists(), "the follower to start")
         append(log, result_line("B", 1, "B:1", receipt_job="B"))
-        wait_for(lambda: len(receiver.alerts) == 1, "the page")
+        receiver.wait_alerts(1)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1, err
+    assert len(receiver.alerts) == 1
     *incidents, summary = [json.loads(line) for line in out.splitlines()]
     assert [(o["kind"], o["line"]) for o in incidents] == [(Kind.CROSS_JOB, 2)]
     assert summary["kind"] == "summary" and summary["lines"] == 2

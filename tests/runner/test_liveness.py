@@ -128,8 +128,15 @@ def test_heartbeat_thread_keeps_the_attempt_alive(
     live = Liveness(redis_client, job, SHORT)
     live.claim()
     ticks: list[float] = []
-    with Heartbeat(live, 1, EventLog(settings), on_tick=lambda: ticks.append(time.monotonic())):
-        wait_until("renewals over several TTLs", lambda: len(ticks) >= 12)
+    renewed = threading.Event()  # set by the 12th tick: 1.2 s, three TTLs of 0.4 s
+
+    def tick() -> None:
+        ticks.append(time.monotonic())
+        if len(ticks) >= 12:
+            renewed.set()
+
+    with Heartbeat(live, 1, EventLog(settings), on_tick=tick):
+        assert renewed.wait(20), f"only {len(ticks)} renewals"
         assert redis_client.get(keys.job_heartbeat(job)) == "1"
     assert not redis_client.exists(keys.job_heartbeat(job))
 
@@ -143,7 +150,7 @@ def test_heartbeat_thread_learns_it_was_superseded(
     live.claim()
     with Heartbeat(live, 1, EventLog(settings)) as beat:
         redis_client.incr(keys.job_attempt(job))
-        wait_until("the thread to notice", beat.superseded.is_set)
+        assert beat.superseded.wait(20), "the thread never noticed the newer attempt"
 
 
 def test_heartbeat_tick_errors_are_logged_not_fatal(
@@ -154,12 +161,20 @@ def test_heartbeat_tick_errors_are_logged_not_fatal(
     live = Liveness(redis_client, job, SHORT)
     live.claim()
 
+    calls: list[int] = []
+    again = threading.Event()  # a second tick ran: the first one's error was logged
+
     def broken() -> None:
+        calls.append(1)
+        if len(calls) >= 2:
+            again.set()
         raise OSError("disk on fire")
 
     with Heartbeat(live, 1, EventLog(settings), on_tick=broken):
-        wait_until("an error line", lambda: events(settings, "job_heartbeat_error", job))
+        assert again.wait(20), "the heartbeat stopped after a failing tick"
         assert redis_client.get(keys.job_heartbeat(job)) == "1"
+    [first, *_] = events(settings, "job_heartbeat_error", job)
+    assert first["where"] == "tick" and first["error"] == "OSError: disk on fire"
 
 
 def test_watchdog_waits_then_takes_over_a_silent_attempt(

@@ -21,9 +21,16 @@ from runner.core.settings import Settings
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
 from tests.support.repos import make_repo
+from tests.support.stack import wait_until
 from tests.support.toolserver import ToolServer, child_env
 from tools import registry
 from tools.server.app import ServerConfigError, create_app
+
+# A run_tests that stays in flight until the test writes ``go`` (or ~30 s pass): the
+# test, not a sleep, decides how long the server is saturated.
+GATED_RUN_TESTS = (
+    "touch started; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"
+)
 
 
 def test_refuses_to_start_off_loopback_without_token(settings: Settings) -> None:
@@ -120,13 +127,14 @@ def test_saturated_server_answers_429_with_retry_after(settings: Settings, tmp_p
         stamp = pool.lease("job-A", 1)
         slot_dir = settings.slots_dir / stamp.slot_id
         Workspaces(settings.home).prepare(slot_dir, str(repo), base, "job-A")
-        marker = slot_dir / "work" / "started"
+        marker, go = slot_dir / "work" / "started", slot_dir / "work" / "go"
         write_job(
             slot_dir,
             {
                 "job_id": "job-A",
                 "generation": stamp.generation,
-                "test_command": ["/bin/sh", "-c", "touch started; sleep 3"],
+                # In flight until the test says go (bounded at ~30 s): no race with a clock.
+                "test_command": ["/bin/sh", "-c", GATED_RUN_TESTS],
                 "test_timeout_s": 30,
             },
         )
@@ -148,16 +156,15 @@ def test_saturated_server_answers_429_with_retry_after(settings: Settings, tmp_p
             },
         )
         slow.start()
-        deadline = 200
-        while not marker.exists() and deadline:
-            threading.Event().wait(0.05)
-            deadline -= 1
-        assert marker.exists()
-        busy = httpx.post(
-            f"{settings.toolserver_url}/v1/tools/read_file",
-            json={"envelope": {**env, "tool": "read_file"}, "args": {"path": "README"}},
-        )
-        slow.join(30)
+        try:
+            wait_until("run_tests to start", marker.exists, timeout_s=30)
+            busy = httpx.post(
+                f"{settings.toolserver_url}/v1/tools/read_file",
+                json={"envelope": {**env, "tool": "read_file"}, "args": {"path": "README"}},
+            )
+        finally:
+            go.touch()
+            slow.join(30)
         assert busy.status_code == 429
         assert busy.headers["retry-after"] == "1" and busy.json()["error"] == "saturated"
     finally:
