@@ -17,6 +17,7 @@ from ops.testing.fake_endpoint.server import FakeEndpointServer, serve
 from runner.admission.desk import AdmissionDesk
 from runner.agent.planners import ChatPlanner, PlannerError
 from runner.jobs.models import OpenAIPlanner, StepRecord
+from tests.support.clock import FakeClock
 
 SCRIPT = (
     ScriptStep(tool="read_file", args={"path": "README"}),
@@ -217,8 +218,12 @@ def test_endpoint_down_is_a_clear_planner_error(redis_client: redis.Redis) -> No
     from ops.testing.stack import free_port
 
     planner, desk = make(f"http://127.0.0.1:{free_port()}/v1", redis_client)
-    planner.ends_at = planner.clock() + 3
+    # The planner's back-off between refused connects moves an injected clock, not time.
+    clock = FakeClock()
+    planner.clock, planner.sleep, planner.ends_at = clock, clock.sleep, clock() + 3
     with pytest.raises(PlannerError, match="no usable completion within the deadline"):
         drive(planner)
-    assert planner.stats["transport_errors"] >= 1 and planner.stats["commits"] == 0
+    # 0.5 s of back-off after each refused connect: the 3 s deadline ends it after 6.
+    assert planner.stats["transport_errors"] == clock.sleeps == 6
+    assert planner.stats["commits"] == 0 and clock() >= planner.ends_at
     assert desk.stats()["in_flight"] == 0
