@@ -29,10 +29,10 @@ from typing import Any
 
 import httpx
 import redis
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from runner.admission.desk import AdmissionDesk
 from runner.admission.lease import AdmissionRefused, Lease, StaleCompletion
+from runner.agent import openai_wire as wire
 from runner.errors import RunnerError
 from runner.jobs.models import OpenAIPlanner, Step, StepRecord
 from tools import classifier, registry
@@ -56,49 +56,15 @@ class PlannerStopped(PlannerError):
         self.reason = reason
 
 
-class _Function(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str
-    arguments: str
-
-
-class _ToolCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str
-    type: str = "function"
-    function: _Function
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | None = None
-    tool_calls: list[_ToolCall] | None = None
-
-
-class _Choice(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    message: _Message
-
-
-class _Completion(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str
-    choices: list[_Choice]
-
-
 def tool_schemas() -> list[dict[str, Any]]:
     """The registry's tools as OpenAI function definitions."""
     return [
-        {
-            "type": "function",
-            "function": {
-                "name": spec.name,
-                "description": f"slotrunner tool {spec.name}"
-                + (" (changes the work tree)" if spec.mutating else " (read-only)"),
-                "parameters": spec.args_model.model_json_schema(),
-            },
-        }
+        wire.function_tool(
+            spec.name,
+            f"slotrunner tool {spec.name}"
+            + (" (changes the work tree)" if spec.mutating else " (read-only)"),
+            spec.args_model.model_json_schema(),
+        )
         for spec in registry.TOOLS.values()
     ]
 
@@ -172,8 +138,8 @@ class ChatPlanner:
         # fenced at the desk, as a real backend would let it.
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="inference")
         self.stats: Counter[str] = Counter()
-        self.messages: list[dict[str, Any]] = [{"role": "user", "content": spec.prompt}]
-        self._pending: list[tuple[_ToolCall, Step]] = []
+        self.messages: list[dict[str, Any]] = [wire.user_message(spec.prompt)]
+        self._pending: list[tuple[wire.ToolCall, Step]] = []
         self.final: str | None = None
 
     # -- the Planner protocol -----------------------------------------------------
@@ -187,13 +153,7 @@ class ChatPlanner:
             if not calls:
                 self.final = message.content or ""
                 return
-            self.messages.append(
-                {
-                    "role": "assistant",
-                    "content": message.content,
-                    "tool_calls": [c.model_dump() for c in calls],
-                }
-            )
+            self.messages.append(wire.assistant_message(message.content, calls))
             for call in calls:
                 step = self._to_step(call)
                 self._pending.append((call, step))
@@ -204,7 +164,7 @@ class ChatPlanner:
         call, _ = self._pending.pop(0)
         payload = {"outcome": record.outcome, "detail": record.detail, "result": record.result}
         text = json.dumps(payload, default=str)[:RESULT_CHARS]
-        self.messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+        self.messages.append(wire.tool_message(call.id, text))
 
     def close(self, *, wait: bool = False) -> None:
         """Stop taking requests; ``wait``: also until the ones still out have answered
@@ -213,7 +173,7 @@ class ChatPlanner:
 
     # -- one step ---------------------------------------------------------------------
 
-    def _to_step(self, call: _ToolCall) -> Step:
+    def _to_step(self, call: wire.ToolCall) -> Step:
         try:
             args = json.loads(call.function.arguments or "{}")
         except ValueError:
@@ -226,14 +186,14 @@ class ChatPlanner:
     def _remaining_s(self) -> float:
         return self.ends_at - self.clock()
 
-    def _complete(self, index: int) -> _Completion:
+    def _complete(self, index: int) -> wire.ChatCompletion:
         step = step_number(self.job_id, self.attempt, index)
-        body = {
-            "model": self.spec.model,
-            "messages": list(self.messages),
-            "tools": tool_schemas(),
-            "temperature": self.spec.temperature,
-        }
+        body = wire.chat_request(
+            self.spec.model,
+            list(self.messages),
+            tools=tool_schemas(),
+            temperature=self.spec.temperature,
+        )
         failures = 0
         # 429s are bounded by the deadline (the endpoint said "later", not "no");
         # every other failed request counts against MAX_REQUESTS_PER_STEP.
@@ -301,7 +261,7 @@ class ChatPlanner:
 
     def _settle(
         self, lease: Lease, status: int, headers: httpx.Headers, raw: bytes
-    ) -> _Completion | None:
+    ) -> wire.ChatCompletion | None:
         if status == 429:
             self.desk.release(lease)
             self.stats["http_429"] += 1
@@ -315,10 +275,8 @@ class ChatPlanner:
             self.stats[f"http_{status // 100}xx"] += 1
             return None
         try:
-            completion = _Completion.model_validate_json(raw)
-            if not completion.choices:
-                raise ValueError("no choices")
-        except (ValidationError, ValueError):
+            completion = wire.parse_completion(raw)
+        except ValueError:
             self.desk.release(lease)
             self.stats["protocol_errors"] += 1
             return None
@@ -351,5 +309,5 @@ class ChatPlanner:
             self.desk.release(lease)
 
     def _post(self, body: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
-        response = self.http.post("/chat/completions", json=body, timeout=http_timeout_s(self.spec))
+        response = self.http.post(wire.ROUTE, json=body, timeout=http_timeout_s(self.spec))
         return response.status_code, response.headers, response.content

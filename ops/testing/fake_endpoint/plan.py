@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ops.errors import OpsError
+from runner.agent import openai_wire as wire
 
 Z_P99 = 2.3263478740408408  # standard normal quantile of 0.99
 ERROR_STATUSES = (500, 502, 503)
@@ -186,23 +187,23 @@ def _tokens(text: str) -> int:
 
 def _script_message(
     config: FakeEndpointConfig, body: dict[str, Any], digest: str
-) -> tuple[dict[str, Any], str]:
+) -> tuple[wire.Message, str]:
     assert config.script is not None
     step = sum(1 for m in body["messages"] if m.get("role") == "tool")
     if step >= len(config.script):
         ended = f"script ended after {len(config.script)} steps"
-        return {"role": "assistant", "content": ended}, "stop"
+        return wire.Message(role="assistant", content=ended), "stop"
     chosen = config.script[step]
     if chosen.final is not None:
-        return {"role": "assistant", "content": chosen.final}, "stop"
+        return wire.Message(role="assistant", content=chosen.final), "stop"
+    assert chosen.tool is not None  # a step is a final text or a tool call
     # The call id depends on the conversation, not the attempt: a retry names the same call.
     call_id = f"call_{step}_{hashlib.sha256(f'{config.seed}/{digest}'.encode()).hexdigest()[:12]}"
-    call = {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": chosen.tool, "arguments": json.dumps(chosen.args, sort_keys=True)},
-    }
-    return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+    arguments = json.dumps(chosen.args, sort_keys=True)
+    call = wire.ToolCall(
+        id=call_id, function=wire.FunctionCall(name=chosen.tool, arguments=arguments)
+    )
+    return wire.Message(role="assistant", content=None, tool_calls=[call]), "tool_calls"
 
 
 def completion_body(
@@ -214,35 +215,29 @@ def completion_body(
 ) -> bytes:
     """The OpenAI ``chat.completion`` object answering ``body``."""
     if config.script is None:
-        message: dict[str, Any] = {"role": "assistant", "content": config.echo_text}
+        message = wire.Message(role="assistant", content=config.echo_text)
         finish_reason = "stop"
     else:
         message, finish_reason = _script_message(config, body, digest)
     prompt_tokens = sum(
         _tokens(m["content"]) for m in body["messages"] if isinstance(m.get("content"), str)
     )
-    answer = message.get("content") or json.dumps(message.get("tool_calls", []))
+    answer = message.content or json.dumps(message.to_wire().get("tool_calls", []))
     completion_tokens = _tokens(answer)
-    return json.dumps(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created_s,
-            "model": body["model"],
-            "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-            ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
-    ).encode()
+    completion = wire.ChatCompletion(
+        id=completion_id,
+        created=created_s,
+        model=body["model"],
+        choices=[wire.Choice(message=message, finish_reason=finish_reason)],
+        usage=wire.Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        ),
+    )
+    return json.dumps(completion.to_wire()).encode()
 
 
 def error_body(message: str, kind: str, code: str | None = None) -> bytes:
     """The OpenAI error object."""
-    return json.dumps(
-        {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    ).encode()
+    return json.dumps(wire.error_object(message, kind, code)).encode()

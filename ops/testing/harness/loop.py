@@ -15,7 +15,6 @@ of the load and never raise it above ``C``. A retry is due when its backoff ends
 from __future__ import annotations
 
 import gc
-import json
 import os
 import queue
 import random
@@ -44,6 +43,7 @@ from ops.testing.harness.stats import (
     point_json,
     summarize,
 )
+from runner.agent import openai_wire as wire
 
 SERVICE_HEADER = "x-service-time-ms"
 BACKOFF_BASE_S = 0.1
@@ -88,11 +88,11 @@ def chat_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise HarnessError(f"--url must be an http(s) URL with a host, not {url!r}")
     path = parsed.path.rstrip("/")
-    if path.endswith("/chat/completions"):
+    if path.endswith(wire.ROUTE):
         return str(parsed.copy_with(path=path))
     if not path.endswith("/v1"):
         path += "/v1"
-    return str(parsed.copy_with(path=path + "/chat/completions"))
+    return str(parsed.copy_with(path=path + wire.ROUTE))
 
 
 def retry_delay_s(
@@ -120,14 +120,9 @@ def classify(status: int, body: bytes) -> tuple[Outcome, str | None]:
     if status != 200:
         return Outcome.HTTP_4XX, None
     try:
-        data = json.loads(body)
-        message = data["choices"][0]["message"]
-        completion_id = data["id"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        return Outcome.OK, wire.parse_completion(body).id
+    except ValueError:
         return Outcome.PROTOCOL_ERROR, None
-    if not isinstance(message, dict) or not isinstance(completion_id, str):
-        return Outcome.PROTOCOL_ERROR, None
-    return Outcome.OK, completion_id
 
 
 def _service_ms(value: str | None) -> float | None:
@@ -154,11 +149,7 @@ class _Run:
         # The run id keeps prompts of different runs distinct: the same body again is a retry.
         tag = f"{self.config.run_id}-{self.config.mode}-c{self.concurrency}"
         text = f"[{tag}] prompt {prompt}: answer in one word."
-        return {
-            "model": self.config.model,
-            "messages": [{"role": "user", "content": text}],
-            "temperature": 0,
-        }
+        return wire.chat_request(self.config.model, [wire.user_message(text)], temperature=0)
 
     def schedule(self, start: float) -> None:
         """Open loop: each prompt becomes due at its slot of the fixed-rate schedule."""
@@ -281,7 +272,7 @@ def preflight(config: LoadConfig) -> None:
             config.url,
             timeout=config.timeout_s,
             headers={"authorization": f"Bearer {config.api_key}"} if config.api_key else {},
-            json={"model": config.model, "messages": [{"role": "user", "content": "preflight"}]},
+            json=wire.chat_request(config.model, [wire.user_message("preflight")]),
         )
     except httpx.TimeoutException:
         return  # a slow endpoint is something to measure, not an error
