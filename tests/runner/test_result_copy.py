@@ -101,7 +101,7 @@ def test_a_bad_copy_is_an_error_not_a_result(settings: Settings) -> None:
     path.write_text(JobResult(job_id="someone-else", state="failed", attempt=1).model_dump_json())
     with pytest.raises(result_copy.ResultCopyError, match="someone-else"):
         result_copy.load(settings.home, JOB)
-    with pytest.raises(result_copy.ResultCopyError, match="job id '../escape' is not valid"):
+    with pytest.raises(result_copy.ResultCopyError, match=r"job id '\.\./escape' is not valid"):
         result_copy.copy_path(settings.home, "../escape")
 
 
