@@ -7,9 +7,9 @@ interleaved, each running the same batch of jobs two at a time (2 slots, 2 lanes
 - **pool**: a real Celery worker (prefork, concurrency 2) and a real tool server, jobs
   enqueued through ``runner.jobs.submit``: attempt fence, slot lease, worktree prepare
   and start snapshot, the agent loop over HTTP, end snapshot, diff, release, result;
-- **pool, fence off**: the same, the tool server started with
-  ``SLOTRUNNER_TEST_DISABLE_ENVELOPE_HOOK=1`` (the envelope hook lets every call
-  through; see ``hooks/check_apply_envelope.py``);
+- **pool, fence off**: the same, the tool server started as the test server
+  ``python -m ops.testing.toolserver --fence off`` (the envelope check lets every
+  call through; see ``tools/server/seams.py``);
 - **in-process**: no Celery, no HTTP, no slot pool: two threads, each with a plain
   clone, reset per job (``git checkout -f`` + ``reset --hard`` + ``clean -ffdx``), then
   the same 10 calls straight into ``tools.builtin`` with ``ReceiptStore`` begin/finish
@@ -62,7 +62,6 @@ from runner.core import events
 from runner.core.settings import Settings
 from runner.jobs.submit import submit, wait_for
 from runner.worker.celery_app import create_app
-from tools.server.service import DISABLE_ENV
 
 GOAL = Goal("<=", 15.0, "isolation overhead <= 15 % of end-to-end job time")
 
@@ -86,8 +85,7 @@ class Stack:
     def start(cls, ctx: Context, name: str, db: int, fence: bool) -> Stack:
         work = ctx.dir(f"e2e/{name}")
         settings = settings_for(work / "home", ctx.redis_db(db), slots=LANES, name=f"e2e-{name}")
-        extra = {} if fence else {DISABLE_ENV: "1"}
-        settings, server = toolserver(settings, work / "logs", **extra)
+        settings, server = toolserver(settings, work / "logs", fence=fence)
         try:
             worker = start_worker(
                 child_env(settings), work / "logs", name=f"bench-{name}", concurrency=LANES
@@ -174,7 +172,7 @@ def run(ctx: Context) -> BenchResult:
     result.figures += [
         _overhead(
             "e2e.isolation", f"{what}: fence on vs off", runs["pool"], runs["fence_off"],
-            pool_label, f"an identical pool, its tool server with {DISABLE_ENV}=1", GOAL,
+            pool_label, "an identical pool, its tool server with --fence off", GOAL,
         ),
         _overhead(
             "e2e.control", f"{what}: two identical fence-on pools (A/A: the noise floor)",

@@ -27,7 +27,6 @@ from runner.core.settings import Settings
 from runner.core.stamp import Stamp
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tools.server.service import CRASH_ENV, DISABLE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LEASE_TTL_S = 86_400  # longer than any run: an expiring lease would refuse calls mid-benchmark
@@ -79,13 +78,18 @@ def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     return stack_env(os.environ, PYTHONPATH=pythonpath, **settings.to_env(), **extra)
 
 
-def toolserver(settings: Settings, log_dir: Path, **extra_env: str) -> tuple[Settings, Child]:
-    """A real tool server for ``settings`` on a free port; the settings point at it."""
+def toolserver(
+    settings: Settings, log_dir: Path, *, fence: bool = True, **extra_env: str
+) -> tuple[Settings, Child]:
+    """A real tool server for ``settings`` on a free port; the settings point at it.
+
+    ``fence=False`` starts the test server with the envelope check off
+    (``ops.testing.toolserver``): the baseline the fence's cost is measured against.
+    """
     port = free_port()
     settings = settings.with_(toolserver_url=f"http://127.0.0.1:{port}")
-    # Test-only switches are never inherited from whoever runs the suite: off unless asked.
-    env = child_env(settings, **{DISABLE_ENV: "0", CRASH_ENV: "", **extra_env})
-    child = start_toolserver(env, port, log_dir)
+    env = child_env(settings, **extra_env)
+    child = start_toolserver(env, port, log_dir, fence=fence)
     return settings, child
 
 

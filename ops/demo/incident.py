@@ -6,8 +6,9 @@ log and paging a local receiver. Job A applies a patch in the only slot (200); t
 slot is released and leased to job B (generation + 1); A's buffered apply is replayed
 with its old envelope.
 
-* fence off (the test-only switch): the replay lands in B's tree; the detector pages,
-  the pool is stopped, and ``ops restore`` puts B's tree back from its own snapshot;
+* fence off (the test server, ``python -m ops.testing.toolserver --fence off``): the
+  replay lands in B's tree; the detector pages, the pool is stopped, and
+  ``ops restore`` puts B's tree back from its own snapshot;
 * fence on: the replay is refused 409 and there is nothing to page.
 """
 
@@ -42,7 +43,6 @@ from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
 from runner.slots.pool import SlotPool
 from runner.workspace.workspaces import Workspaces
-from tools.server.service import DISABLE_ENV
 
 LOCK_PY = "held_by = None\n"
 A_PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
@@ -146,13 +146,12 @@ def run_once(fence: bool, scratch: Path) -> Timeline:
     port = free_port()
     settings = settings.with_(toolserver_url=f"http://127.0.0.1:{port}")
     env = stack_env(os.environ, **settings.to_env())
-    server_env = {**env, DISABLE_ENV: "0" if fence else "1"}
     receiver = Receiver()
     children: list[Child] = []
     try:
         settings.log_path.parent.mkdir(parents=True, exist_ok=True)
         settings.log_path.touch()
-        children.append(start_toolserver(server_env, port, home))
+        children.append(start_toolserver(env, port, home, fence=fence))
         children.append(start_worker(env, home, concurrency=1, pool="solo"))
         children.append(
             Child(

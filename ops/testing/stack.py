@@ -96,13 +96,21 @@ def start_toolserver(
     *,
     max_concurrent: int = 16,
     timeout_s: float = 30.0,
+    fence: bool = True,
+    faults: Path | None = None,
 ) -> Child:
-    child = Child(
-        "toolserver",
-        slotrunner_argv("toolserver", "--port", str(port), "--max-concurrent", str(max_concurrent)),
-        env,
-        log_dir / "toolserver.out",
-    )
+    """``slotrunner toolserver``; with the fence off or a fault plan's directory, the
+    test server ``ops.testing.toolserver`` that takes them."""
+    args = ["--port", str(port), "--max-concurrent", str(max_concurrent)]
+    if fence and faults is None:
+        argv = slotrunner_argv("toolserver", *args)
+    else:
+        if not fence:
+            args += ["--fence", "off"]
+        if faults is not None:
+            args += ["--faults", str(faults)]
+        argv = [sys.executable, "-m", "ops.testing.toolserver", *args]
+    child = Child("toolserver", argv, env, log_dir / "toolserver.out")
     wait_http(child, f"http://127.0.0.1:{port}/healthz", timeout_s)
     return child
 
@@ -136,20 +144,24 @@ def start_worker(
     pool: str = "prefork",
     unacked_restore_s: float | None = None,
     attempt_floor: bool = True,
+    faults: Path | None = None,
 ) -> Child:
     """``slotrunner worker``; with a test option (``unacked_restore_s``, no
-    ``attempt_floor``), the test worker ``ops.testing.worker`` that takes it."""
+    ``attempt_floor``, a fault plan's directory), the test worker
+    ``ops.testing.worker`` that takes it."""
     args = [
         *("--concurrency", str(concurrency)),
         *("--pool", pool),
         *("--hostname", f"{name}-{os.getpid()}@%h"),
     ]
-    if unacked_restore_s is None and attempt_floor:
+    if unacked_restore_s is None and attempt_floor and faults is None:
         argv = slotrunner_argv("worker", *args)
     else:
         if unacked_restore_s is not None:
             args += ["--unacked-restore-s", str(unacked_restore_s)]
         if not attempt_floor:
             args.append("--no-attempt-floor")
+        if faults is not None:
+            args += ["--faults", str(faults)]
         argv = [sys.executable, "-m", "ops.testing.worker", *args]
     return Child(name, argv, env, log_dir / f"{name}.out")

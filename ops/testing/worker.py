@@ -11,6 +11,8 @@ environment variables:
     --no-attempt-floor      run attempts on the Redis counter alone; the chaos
                             campaign's control run, which shows that its check catches
                             the attempt numbers a Redis wipe then reissues
+    --faults DIR            obey a fault plan (``ops.testing.faultplan``) armed at run
+                            time: EIO on every fsync in the directories it names
 
 ``ops.testing.stack.start_worker`` starts this module when a stack asks for either.
 """
@@ -18,10 +20,12 @@ environment variables:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
+from ops.testing.faultplan import FaultPlan
 from runner.core.settings import Settings
 
 
@@ -45,6 +49,7 @@ def broker_options(unacked_restore_s: float | None) -> dict[str, Any]:
 @click.option("--hostname", default=None, help="Celery node name.")
 @click.option("--unacked-restore-s", type=click.FloatRange(min=0.1), default=None)
 @click.option("--no-attempt-floor", "no_floor", is_flag=True)
+@click.option("--faults", type=click.Path(file_okay=False, path_type=Path), default=None)
 def main(
     concurrency: int,
     pool: str,
@@ -52,12 +57,15 @@ def main(
     hostname: str | None,
     unacked_restore_s: float | None,
     no_floor: bool,
+    faults: Path | None,
 ) -> None:
     """Run a slotrunner worker with test-only broker options or without the attempt floor."""
     from runner.redis_server import connect
     from runner.worker.celery_app import create_app, worker_argv
     from runner.worker.preflight import check_redis
 
+    if faults is not None:
+        FaultPlan(faults).take_over_os_fsync()  # before the pool forks: children inherit it
     settings = Settings.from_env()
     for warning in check_redis(connect(settings)):
         click.echo(f"warning: {warning}", err=True)

@@ -27,7 +27,7 @@ import re
 import threading
 from pathlib import Path
 
-from runner.core.durable import ensure_dir, replace_file
+from runner.core.durable import Fsync, ensure_dir, os_fsync, replace_file
 
 WITNESS_DIR = "admission"
 # Evidence of a desk whose epoch cannot be told; never equal to a real epoch.
@@ -47,9 +47,10 @@ def witness_path(home: Path, eval_run: str) -> Path:
 class EpochWitness:
     """The witness file of one eval-run on this host."""
 
-    def __init__(self, home: Path, eval_run: str) -> None:
+    def __init__(self, home: Path, eval_run: str, *, fsync: Fsync = os_fsync) -> None:
         self.eval_run = eval_run
         self.path = witness_path(home, eval_run)
+        self.fsync = fsync  # the seam a test fails the witness's writes through
 
     def read(self) -> str | None:
         """The epoch last recorded; None when this host never recorded one;
@@ -81,8 +82,8 @@ class EpochWitness:
             raise ValueError(f"not a desk epoch: {epoch!r}")
         data = json.dumps({"eval_run": self.eval_run, "epoch": epoch}).encode() + b"\n"
         with _WRITING:
-            ensure_dir(self.path.parent)
-            replace_file(self.path, data)
+            ensure_dir(self.path.parent, fsync=self.fsync)
+            replace_file(self.path, data, fsync=self.fsync)
 
 
 class EpochMemory:

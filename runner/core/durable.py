@@ -15,19 +15,20 @@ A failed fsync is never retried: after an EIO the kernel may already have droppe
 dirty pages, so a second fsync can report success for data that is gone
 (PostgreSQL's "fsyncgate"). Callers get :class:`DurabilityError` and must treat the
 write's outcome as unknown.
+
+Every function takes the ``fsync`` it calls (:data:`Fsync`; the real one,
+:func:`os_fsync`, by default): the seam through which a test builds a writer whose
+fsyncs fail (``ops.testing.faultplan``). Nothing here looks for a marker or reads
+the environment.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from runner.errors import RunnerError
-
-# Fault injection for tests: when this file exists in a directory, every fsync of a
-# file in that directory fails with EIO. It is a file (not an env var) so a test can
-# switch it on for one running server and one slot without restarting anything.
-FAIL_FSYNC_MARKER = ".fail-fsync"
 
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -36,26 +37,35 @@ class DurabilityError(RunnerError, OSError):
     """An fsync (or the write before it) failed; the record's fate is unknown."""
 
 
-def _fsync(fd: int, directory: Path | str) -> None:
-    # A plain string and os.path: this runs on every durable record, and building a
-    # Path per call costs more than the stat itself.
-    if os.path.exists(f"{directory}/{FAIL_FSYNC_MARKER}"):
-        raise DurabilityError(5, f"injected EIO on fsync in {directory}")
+# An fsync: the descriptor, and the directory it is in (a file's directory, or the
+# directory itself for a directory's own fsync). It raises OSError when it fails.
+Fsync = Callable[[int, str], None]
+
+
+def os_fsync(fd: int, directory: str) -> None:
+    """The real fsync(2)."""
+    os.fsync(fd)
+
+
+def _fsync(fsync: Fsync, fd: int, directory: Path | str) -> None:
+    where = os.fspath(directory)
     try:
-        os.fsync(fd)
+        fsync(fd, where)
+    except DurabilityError:
+        raise
     except OSError as exc:
-        raise DurabilityError(exc.errno, f"fsync failed in {directory}: {exc.strerror}") from exc
+        raise DurabilityError(exc.errno, f"fsync failed in {where}: {exc.strerror}") from exc
 
 
-def fsync_dir(directory: Path | str) -> None:
+def fsync_dir(directory: Path | str, *, fsync: Fsync = os_fsync) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _fsync(fd, directory)
+        _fsync(fsync, fd, directory)
     finally:
         os.close(fd)
 
 
-def ensure_dir(directory: Path) -> None:
+def ensure_dir(directory: Path, *, fsync: Fsync = os_fsync) -> None:
     """Create ``directory`` (and parents) unless it exists, its own entry made durable.
 
     Files written into a directory whose entry was never fsynced can vanish with it
@@ -64,10 +74,10 @@ def ensure_dir(directory: Path) -> None:
     if directory.is_dir():
         return
     directory.mkdir(parents=True, exist_ok=True)
-    fsync_dir(directory.parent)
+    fsync_dir(directory.parent, fsync=fsync)
 
 
-def replace_file(path: Path, data: bytes) -> None:
+def replace_file(path: Path, data: bytes, *, fsync: Fsync = os_fsync) -> None:
     """Atomically replace ``path`` with ``data``; durable when this returns."""
     directory = path.parent
     tmp = directory / f".{path.name}.tmp.{os.getpid()}"
@@ -77,17 +87,17 @@ def replace_file(path: Path, data: bytes) -> None:
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        _fsync(fd, directory)
+        _fsync(fsync, fd, directory)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
     os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(directory)
+    fsync_dir(directory, fsync=fsync)
 
 
-def open_append(path: Path) -> int:
+def open_append(path: Path, *, fsync: Fsync = os_fsync) -> int:
     """An ``O_APPEND`` descriptor on ``path``, creating the file when it is absent.
 
     A file this call creates has its directory entry fsynced before the descriptor is
@@ -99,35 +109,37 @@ def open_append(path: Path) -> int:
     except FileExistsError:
         return os.open(path, _APPEND_FLAGS)
     try:
-        fsync_dir(path.parent)
+        fsync_dir(path.parent, fsync=fsync)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def append_record_fd(fd: int, line: bytes, directory: Path | str) -> int:
+def append_record_fd(
+    fd: int, line: bytes, directory: Path | str, *, fsync: Fsync = os_fsync
+) -> int:
     """Append one whole line to the ``O_APPEND`` descriptor ``fd``; durable when this returns.
 
-    ``directory`` is the file's directory (where the fault-injection marker is
-    looked for). Returns the file offset just past the line: the caller can tell
-    whether its line is the last one without reading the file back.
+    ``directory`` is the file's directory (named in errors, and passed to ``fsync``).
+    Returns the file offset just past the line: the caller can tell whether its line
+    is the last one without reading the file back.
     """
     if not line.endswith(b"\n"):
         raise ValueError("a record must be one whole line ending in a newline")
     written = os.write(fd, line)
     if written != len(line):
         raise DurabilityError(5, f"short append in {directory}: {written} of {len(line)} bytes")
-    _fsync(fd, directory)
+    _fsync(fsync, fd, directory)
     return os.lseek(fd, 0, os.SEEK_CUR)
 
 
-def append_record(path: Path, line: bytes) -> None:
+def append_record(path: Path, line: bytes, *, fsync: Fsync = os_fsync) -> None:
     """Append one whole line (``line`` must end with a newline); durable when this returns."""
     if not line.endswith(b"\n"):
         raise ValueError("a record must be one whole line ending in a newline")
-    fd = open_append(path)
+    fd = open_append(path, fsync=fsync)
     try:
-        append_record_fd(fd, line, path.parent)
+        append_record_fd(fd, line, path.parent, fsync=fsync)
     finally:
         os.close(fd)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from runner.core.durable import replace_file
+from runner.core.durable import Fsync, os_fsync, replace_file
 from runner.errors import RunnerError
 
 STAMP_FILE = "stamp.json"
@@ -107,5 +107,6 @@ def read_stamp(slot_dir: Path) -> Stamp | None:
         raise StampError(f"{slot_dir / STAMP_FILE} is not a valid stamp: {exc}") from None
 
 
-def write_stamp(slot_dir: Path, stamp: Stamp) -> None:
-    replace_file(slot_dir / STAMP_FILE, stamp.model_dump_json(indent=1).encode() + b"\n")
+def write_stamp(slot_dir: Path, stamp: Stamp, *, fsync: Fsync = os_fsync) -> None:
+    data = stamp.model_dump_json(indent=1).encode() + b"\n"
+    replace_file(slot_dir / STAMP_FILE, data, fsync=fsync)

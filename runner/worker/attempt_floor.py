@@ -30,7 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from runner.core.durable import ensure_dir, replace_file
+from runner.core.durable import Fsync, ensure_dir, os_fsync, replace_file
 from runner.core.ids import valid_job_id
 from runner.errors import RunnerError
 
@@ -64,10 +64,18 @@ def parse_floor(raw: bytes) -> int | None:
 class AttemptFloor:
     """One job's attempt floor on this host."""
 
-    def __init__(self, home: Path, job_id: str, lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        home: Path,
+        job_id: str,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+        *,
+        fsync: Fsync = os_fsync,
+    ) -> None:
         self.path = floor_path(home, job_id)
         self.lock_path = self.path.parent / f".{job_id}.lock"
         self.lock_timeout_s = lock_timeout_s
+        self.fsync = fsync  # the seam a test fails the floor's writes through
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -110,12 +118,12 @@ class AttemptFloor:
         """
         if attempt <= self.read():
             return
-        replace_file(self.path, f"{attempt}\n".encode())
+        replace_file(self.path, f"{attempt}\n".encode(), fsync=self.fsync)
 
     def _ensure_dir(self) -> None:
         directory = self.path.parent
         try:
-            ensure_dir(directory)
+            ensure_dir(directory, fsync=self.fsync)
         except OSError as exc:
             raise AttemptFloorError(
                 f"cannot create the attempt floor directory {directory}: {exc}"

@@ -18,7 +18,6 @@ import pytest
 
 from ops.testing.chaos.campaign import ChaosConfig, run_campaign
 from ops.testing.chaos.report import REPORT_JSON, REPORT_TXT
-from tools.server.service import DISABLE_ENV
 
 OWNERSHIP = ("stale_generation_apply", "cross_job_apply")
 
@@ -47,7 +46,7 @@ def test_campaign_fails_when_the_fence_is_off(tmp_path: Path) -> None:
             jobs=6,
             report_dir=tmp_path / "chaos",
             kinds=("replay_stale",),
-            toolserver_env={DISABLE_ENV: "1"},
+            fence=False,
         )
     )
     assert not report.ok

@@ -1,4 +1,5 @@
-"""The two tool-server faults the campaign arms at runtime: a crash marker, a failed fsync."""
+"""The two tool-server faults the campaign arms at run time through the stack's fault plan
+(``ops.testing.faultplan``): a crash after a call's effect, a failed fsync."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import httpx
 import redis
 
-from runner.core.durable import FAIL_FSYNC_MARKER
+from ops.testing.faultplan import FaultPlan
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.core.stamp import SlotState, Stamp, read_stamp
@@ -20,7 +21,6 @@ from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools.client import ToolClient, ToolResponse
 from tools.envelope import Envelope
-from tools.server.service import CRASH_MARKER
 
 
 def leased(server: ToolServer, tmp_path: Path) -> tuple[Stamp, Path]:
@@ -52,22 +52,22 @@ def statuses(slot_dir: Path, key: str) -> list[str]:
     return [json.loads(line)["status"] for line in lines if json.loads(line)["key"] == key]
 
 
-def test_crash_marker_kills_the_server_after_the_named_call(
+def test_an_armed_crash_kills_the_server_after_the_named_call(
     settings: Settings, tmp_path: Path
 ) -> None:
-    """The marker fires on the call whose key it names, after the effect, once; on restart
+    """The crash fires on the call whose key it names, after the effect, once; on restart
     the intent resolves from the tree and the caller's reconcile gets the receipt."""
-    server = ToolServer(settings, tmp_path / "logs")
+    server = ToolServer(settings, tmp_path / "logs", faults=True)
+    faults = server.faults
+    assert faults is not None
     try:
         stamp, slot_dir = leased(server, tmp_path)
-        marker = server.settings.home / CRASH_MARKER
-        marker.parent.mkdir(parents=True)
-        marker.write_text("job-A:crash-me")
+        faults.arm_crash(key_contains="job-A:crash-me")
         client = ToolClient(server.url, timeout_s=10)
         other = client.call(
             envelope(stamp, "job-A:other"), {"path": "a.txt", "content": "a"}, slot_dir=slot_dir
         )
-        assert other.receipt is not None and marker.exists()
+        assert other.receipt is not None and faults.crash_armed()
         outcome: dict[str, Any] = {}
 
         def call() -> None:
@@ -86,7 +86,7 @@ def test_crash_marker_kills_the_server_after_the_named_call(
         assert server.child is not None
         server.child.proc.wait(timeout=30)
         assert server.child.proc.returncode == -9
-        assert not marker.exists()  # consumed: the restarted server does not crash again
+        assert not faults.crash_armed()  # consumed: the restarted server does not crash again
         assert statuses(slot_dir, "job-A:crash-me") == ["intent"]
         server.stop()
         server.start()
@@ -102,20 +102,30 @@ def test_crash_marker_kills_the_server_after_the_named_call(
 
 
 def test_failed_fsync_is_outcome_unknown_and_poisons_the_slot(
-    toolserver: ToolServer, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
     """EIO on the receipt fsync: a JSON outcome_unknown (never a bare 500) even when the
     stamp cannot be written either; the next mutating call poisons the slot and is
     refused before any effect, and so is every one after it."""
+    toolserver = ToolServer(settings, tmp_path / "logs", faults=True)
+    faults = toolserver.faults
+    assert faults is not None
+    try:
+        _poisoned_by_a_failed_fsync(toolserver, faults, tmp_path)
+    finally:
+        toolserver.stop()
+
+
+def _poisoned_by_a_failed_fsync(toolserver: ToolServer, faults: FaultPlan, tmp_path: Path) -> None:
     stamp, slot_dir = leased(toolserver, tmp_path)
     url = f"{toolserver.url}/v1/tools/write_file"
     body = {
         "envelope": envelope(stamp, "job-A:fsync").model_dump(),
         "args": {"path": "c.txt", "content": "c"},
     }
-    (slot_dir / FAIL_FSYNC_MARKER).touch()
+    faults.arm_fsync_eio(slot_dir)
     first = httpx.post(url, json=body, timeout=30)
-    (slot_dir / FAIL_FSYNC_MARKER).unlink()
+    faults.disarm_fsync_eio(slot_dir)
     assert first.status_code == 500 and first.json()["error"] == "outcome_unknown"
     assert "could not be written either" in first.json()["message"]
     second = httpx.post(url, json=body, timeout=30)
@@ -129,3 +139,37 @@ def test_failed_fsync_is_outcome_unknown_and_poisons_the_slot(
     # At most the intent whose fsync failed (none if the file's creation failed first);
     # nothing was written after the EIO.
     assert statuses(slot_dir, "job-A:fsync") in ([], ["intent"])
+
+
+def test_a_normally_started_server_has_no_test_switch(settings: Settings, tmp_path: Path) -> None:
+    """``slotrunner toolserver`` ignores the old switches: the variables that turned the
+    fence off and armed a crash, and the marker files for EIO and a crash; it applies the
+    owner's call durably, refuses a foreign envelope, and stays up."""
+    server = ToolServer(
+        settings,
+        tmp_path / "logs",
+        SLOTRUNNER_TEST_DISABLE_ENVELOPE_HOOK="1",
+        SLOTRUNNER_TEST_CRASH_AT="after_effect:*",
+    )
+    try:
+        stamp, slot_dir = leased(server, tmp_path)
+        (slot_dir / ".fail-fsync").touch()
+        (server.settings.home / "chaos").mkdir(exist_ok=True)
+        (server.settings.home / "chaos" / "crash-after-effect").write_text("")
+        url = f"{server.url}/v1/tools/write_file"
+        mine = {
+            "envelope": envelope(stamp, "job-A:mine").model_dump(),
+            "args": {"path": "mine.txt", "content": "A"},
+        }
+        applied = httpx.post(url, json=mine, timeout=30)
+        assert applied.status_code == 200, applied.text
+        assert applied.json()["receipt"]["status"] == "applied"
+        assert statuses(slot_dir, "job-A:mine") == ["intent", "applied"]
+        foreign = envelope(stamp, "job-B:theirs").model_copy(update={"job_id": "job-B"})
+        body = {"envelope": foreign.model_dump(), "args": {"path": "b.txt", "content": "B"}}
+        stale = httpx.post(url, json=body, timeout=30)
+        assert stale.status_code == 409 and stale.json()["error"] == "slot_job_mismatch"
+        assert not (slot_dir / "work" / "b.txt").exists()
+        assert server.child is not None and server.child.alive()
+    finally:
+        server.stop()

@@ -16,12 +16,12 @@ from runner.admission.desk import AdmissionDesk
 from runner.admission.lease import AdmissionRefused, RefusalReason, StaleCompletion
 from runner.admission.witness import UNREADABLE, EpochWitness, witness_path
 from runner.agent.planners import RECOVERY_GRACE_S, admission_desk, http_timeout_s
-from runner.core.durable import FAIL_FSYNC_MARKER
 from runner.core.settings import SettingsError
 from runner.jobs.config import JobConfig
 from runner.jobs.models import OpenAIPlanner
 from runner.redis_server import EmbeddedRedis
 from tests.support.clock import FakeClock
+from tests.support.disk import Disk
 
 HOLD_S = 1.0  # the recovery hold of the tests that wait for its end
 LONG_HOLD_S = 60.0  # a hold the test never sees end
@@ -335,10 +335,10 @@ def test_a_lease_the_host_cannot_witness_is_refused(client: redis.Redis, home: P
     """When the witness cannot be made durable the lease is given back and refused
     no_witness; once the disk recovers, the next grant is witnessed and kept."""
     eval_run = _run()
-    marker = home / "admission" / FAIL_FSYNC_MARKER
-    marker.parent.mkdir(parents=True)
-    marker.touch()
+    disk = Disk(failing=True)
     desk = AdmissionDesk(client, eval_run, 1, home=home, recovery_hold_s=LONG_HOLD_S)
+    assert desk.witness is not None
+    desk.witness.fsync = disk.fsync  # the witness's writes go through a failing disk
     with pytest.raises(AdmissionRefused) as refused:
         desk.acquire(1, 0)
     assert refused.value.reason is RefusalReason.NO_WITNESS
@@ -350,7 +350,8 @@ def test_a_lease_the_host_cannot_witness_is_refused(client: redis.Redis, home: P
         1,
     )
     assert EpochWitness(home, eval_run).read() is None
-    marker.unlink()
+    assert disk.calls  # the refusal came from the failed fsync
+    disk.failing = False
     lease = desk.acquire(2, 0)
     assert EpochWitness(home, eval_run).read() == lease.epoch
     assert desk.stats()["in_flight"] == 1

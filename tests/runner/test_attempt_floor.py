@@ -15,12 +15,12 @@ import pytest
 import redis
 
 from runner.core import keys
-from runner.core.durable import FAIL_FSYNC_MARKER
 from runner.core.settings import Settings
 from runner.jobs.config import JobConfig
 from runner.redis_server import EmbeddedRedis, connect
 from runner.worker.attempt_floor import ATTEMPTS_DIR, AttemptFloor, AttemptFloorError, floor_path
 from runner.worker.liveness import Claimed, Live, Liveness
+from tests.support.disk import Disk
 
 JOB = "job-floor"
 _PROC_DEADLINE_S = 60.0
@@ -148,13 +148,15 @@ def test_failed_durable_write_refuses_the_attempt(
     """A floor fsync failure raises a clear error, ends the heartbeat, and burns the number."""
     liveness = Liveness(client, JOB, JobConfig(), home=floor_settings.home)
     assert _claim_and_end(liveness) == 1
-    marker = floor_settings.home / ATTEMPTS_DIR / FAIL_FSYNC_MARKER
-    marker.touch()
+    disk = Disk(failing=True)
+    assert liveness.floor is not None
+    liveness.floor.fsync = disk.fsync  # the floor's writes go through a failing disk
     with pytest.raises(AttemptFloorError, match="attempt 2 was not started"):
         liveness.claim()
+    assert disk.calls == [str(floor_settings.home / ATTEMPTS_DIR)]
     assert client.get(keys.job_heartbeat(JOB)) is None
     assert _floor_file(floor_settings) == "1\n"
-    marker.unlink()
+    disk.failing = False
     assert _claim_and_end(liveness) == 3
 
 

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from runner.core.durable import (
-    FAIL_FSYNC_MARKER,
     DurabilityError,
     append_record,
     append_record_fd,
     open_append,
     replace_file,
 )
+from tests.support.disk import Disk
 
 
 def test_open_append_creates_the_file_and_syncs_its_directory(
@@ -60,18 +61,25 @@ def test_a_record_must_be_one_whole_line(tmp_path: Path) -> None:
     assert not path.exists()
 
 
-def test_fail_fsync_marker_fails_appends_and_replaces(tmp_path: Path) -> None:
-    """With the marker in the directory every durable write raises DurabilityError."""
+def test_a_failing_fsync_fails_appends_and_replaces(tmp_path: Path) -> None:
+    """Given an fsync that fails, every durable write raises DurabilityError with its errno,
+    and a marker file in the directory means nothing."""
     path = tmp_path / "log.jsonl"
+    disk = Disk(failing=True)
     fd = open_append(path)
     try:
-        (tmp_path / FAIL_FSYNC_MARKER).touch()
-        with pytest.raises(DurabilityError, match="injected EIO"):
-            append_record_fd(fd, b"x\n", tmp_path)
+        with pytest.raises(DurabilityError, match="injected EIO") as failed:
+            append_record_fd(fd, b"x\n", tmp_path, fsync=disk.fsync)
+        assert failed.value.errno == errno.EIO
     finally:
         os.close(fd)
     with pytest.raises(DurabilityError, match="injected EIO"):
-        replace_file(tmp_path / "state.json", b"{}\n")
+        replace_file(tmp_path / "state.json", b"{}\n", fsync=disk.fsync)
+    assert not (tmp_path / "state.json").exists()
+    assert disk.calls == [str(tmp_path), str(tmp_path)]
+    (tmp_path / ".fail-fsync").touch()  # the old marker: no longer a switch
+    replace_file(tmp_path / "state.json", b"{}\n")
+    assert (tmp_path / "state.json").read_bytes() == b"{}\n"
 
 
 def test_append_record_and_replace_file_round_trip(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from ops.testing.faultplan import FaultPlan
 from ops.testing.stack import Child, start_worker
 from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
@@ -92,13 +93,15 @@ class Stack:
         self.repo = tmp_path / "repo"
         self.base = make_repo(self.repo, {"pkg/__init__.py": "", "README": "sample\n"})
 
-    def worker(self, name: str, concurrency: int = 1) -> Child:
+    def worker(self, name: str, concurrency: int = 1, *, faults: FaultPlan | None = None) -> Child:
+        """A worker; given a fault plan, the test worker that obeys it."""
         child = start_worker(
             self.env,
             self.tmp_path / "logs",
             name=name,
             concurrency=concurrency,
             unacked_restore_s=self.unacked_restore_s,
+            faults=faults.root if faults is not None else None,
         )
         self.workers.append(child)
         return child

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import redis
 
 from ops.testing.fault_proxy import FaultProxy, Rule
+from ops.testing.faultplan import FaultPlan
 from runner.core.logs import EventLog
 from runner.core.stamp import Stamp
 from runner.slots.pool import SlotPool
@@ -20,7 +22,6 @@ from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools.client import ToolClient, ToolResponse
 from tools.envelope import Envelope
-from tools.server.service import CRASH_ENV
 
 PATCH = """diff --git a/pkg/lock.py b/pkg/lock.py
 --- a/pkg/lock.py
@@ -82,7 +83,9 @@ def test_server_killed_between_intent_and_outcome(
 ) -> None:
     """SIGKILL after the effect, before the outcome: on restart the intent resolves from
     the tree, the client's reconcile gets the receipt, and the effect exists once."""
-    server = ToolServer(settings, tmp_path / "logs", **{CRASH_ENV: f"after_effect:{tool}"})
+    server = ToolServer(settings, tmp_path / "logs", faults=True)
+    assert server.faults is not None
+    server.faults.arm_crash(tool=tool)
     try:
         stamp, slot_dir = leased(server, tmp_path)
         key = f"job-A:crash:{tool}"
@@ -102,11 +105,12 @@ def test_server_killed_between_intent_and_outcome(
         assert server.child is not None
         server.child.proc.wait(timeout=30)  # the injected SIGKILL
         assert server.child.proc.returncode == -9
+        assert not server.faults.crash_armed()  # consumed: the restart does not crash
         # The crash left an intent and no outcome.
         assert receipt_statuses(slot_dir, key) == ["intent"]
         inode = (slot_dir / "work" / "pkg" / "lock.py").stat().st_ino
         server.stop()
-        server.start(**{CRASH_ENV: ""})
+        server.start()
         thread.join(timeout=60)
         assert "error" not in outcome, outcome.get("error")
         response: ToolResponse = outcome["response"]
@@ -243,17 +247,27 @@ def test_read_timeout_on_read_file_is_retried_once(toolserver: ToolServer, tmp_p
     assert response.result["content"] == "held_by = None\n"
 
 
+@pytest.fixture
+def faulty(settings: Any, tmp_path: Path) -> Iterator[tuple[ToolServer, FaultPlan]]:
+    """A real tool server built with a fault plan's fsync (``ops.testing.toolserver``)."""
+    server = ToolServer(settings, tmp_path / "logs", faults=True)
+    assert server.faults is not None
+    try:
+        yield server, server.faults
+    finally:
+        server.stop()
+
+
 def test_fsync_failure_poisons_the_slot_and_nothing_more_is_applied(
-    toolserver: ToolServer, tmp_path: Path
+    faulty: tuple[ToolServer, FaultPlan], tmp_path: Path
 ) -> None:
     """A receipt fsync fails (EIO): the call is outcome unknown, a resend of the same key
     is refused slot_poisoned and never runs its effect, and lookups say unknown, not 500."""
     import httpx
 
-    from runner.core.durable import FAIL_FSYNC_MARKER
-
+    toolserver, faults = faulty
     stamp, slot_dir = leased(toolserver, tmp_path)
-    (slot_dir / FAIL_FSYNC_MARKER).touch()
+    faults.arm_fsync_eio(slot_dir)
     body = {
         "envelope": envelope(stamp, "write_file", "job-A:eio").model_dump(),
         "args": {"path": "eio.txt", "content": "x"},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import multiprocessing
 import os
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner.core.durable import FAIL_FSYNC_MARKER
+from tests.support.disk import Disk
 from tools.reasons import Reason
 from tools.receipts.store import (
     RECEIPTS_FILE,
@@ -254,36 +253,30 @@ def test_garbage_and_binary_lines_are_counted_and_ignored(slot: Path) -> None:
 # -- durability -----------------------------------------------------------------------
 
 
-def test_fail_fsync_marker_raises_outcome_unknown(slot: Path) -> None:
-    """With the .fail-fsync marker, begin raises ReceiptDurabilityError (outcome_unknown)."""
-    (slot / FAIL_FSYNC_MARKER).touch()
+def test_failed_fsync_raises_outcome_unknown(slot: Path) -> None:
+    """On a disk whose fsync fails, begin raises ReceiptDurabilityError (outcome_unknown)."""
     with pytest.raises(ReceiptDurabilityError) as info:
-        _begin(ReceiptStore(slot), "k1")
+        _begin(ReceiptStore(slot, fsync=Disk(failing=True).fsync), "k1")
     assert info.value.reason is Reason.OUTCOME_UNKNOWN
     assert "k1" in info.value.message
 
 
-def test_fsync_eio_is_never_retried(slot: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsync_eio_is_never_retried(slot: Path) -> None:
     """After one fsync EIO the store raises and never calls fsync again, for any write."""
-    store = ReceiptStore(slot)
+    disk = Disk()
+    store = ReceiptStore(slot, fsync=disk.fsync)
     intent = _begin(store, "k0").receipt  # before the fault: the file already exists
-    calls = []
-
-    def failing_fsync(fd: int) -> None:
-        calls.append(fd)
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "fsync", failing_fsync)
+    disk.failing, disk.calls = True, []
     with pytest.raises(ReceiptDurabilityError) as info:
         _begin(store, "k1")
     assert info.value.reason is Reason.OUTCOME_UNKNOWN
-    assert len(calls) == 1
+    assert disk.calls == [str(slot)]
     never_again = "is not written after an earlier failure"
     with pytest.raises(ReceiptDurabilityError, match=never_again):
         store.finish(intent, Status.APPLIED)
     with pytest.raises(ReceiptDurabilityError, match=never_again):
         _begin(store, "k2")
-    assert len(calls) == 1
+    assert disk.calls == [str(slot)]
 
 
 def test_outcome_is_fsynced_and_visible_to_another_process(

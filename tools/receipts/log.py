@@ -38,7 +38,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.core.durable import append_record_fd, open_append
+from runner.core.durable import Fsync, append_record_fd, open_append, os_fsync
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.receipts.format import TORN_TERMINATOR, Receipt, Status, encode_line, parse_line
@@ -103,7 +103,7 @@ os.register_at_fork(after_in_child=_after_fork)
 class ReceiptLog:
     """The receipts file of one slot and its index by key; safe across threads and processes."""
 
-    def __init__(self, slot_dir: Path) -> None:
+    def __init__(self, slot_dir: Path, *, fsync: Fsync = os_fsync) -> None:
         # Not created here: a slot dir made on the fly would not be durable in its
         # parent, and a wrong path should fail loudly rather than grow a new slot.
         if not slot_dir.is_dir():
@@ -112,6 +112,7 @@ class ReceiptLog:
         self._dir = str(slot_dir)
         self._file = str(self.path)
         self._lock_file = str(slot_dir / LOCK_FILE)
+        self._fsync = fsync
         self._thread_lock = threading.Lock()
         self._handles = _Handles()
         weakref.finalize(self, self._handles.close)
@@ -248,7 +249,7 @@ class ReceiptLog:
         """The kept-open ``O_APPEND`` descriptor, opened (and the file made) on first use."""
         fd = self._handles.append_fd
         if fd is None:
-            fd = open_append(self.path)
+            fd = open_append(self.path, fsync=self._fsync)
             st = os.fstat(fd)
             if self._identity is None:
                 self._identity = (st.st_dev, st.st_ino)
@@ -275,7 +276,7 @@ class ReceiptLog:
         torn = self._tail_torn
         line = TORN_TERMINATOR + record if torn else record
         try:
-            end = append_record_fd(self._append_fd(), line, self._dir)
+            end = append_record_fd(self._append_fd(), line, self._dir, fsync=self._fsync)
         except OSError as exc:  # DurabilityError, or a failed open/write: fate unknown
             self._broken = f"{type(exc).__name__}: {exc}"
             raise ReceiptDurabilityError(

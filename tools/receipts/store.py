@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from runner.core.durable import Fsync, os_fsync
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.receipts.format import TORN_TERMINATOR, Receipt, Status
@@ -88,8 +89,14 @@ def _latest(state: KeyState) -> Receipt | None:
 class ReceiptStore(ReceiptLog):
     """The receipts of one slot; safe across threads and processes."""
 
-    def __init__(self, slot_dir: Path, clock: Callable[[], datetime] = utc_now) -> None:
-        super().__init__(slot_dir)
+    def __init__(
+        self,
+        slot_dir: Path,
+        clock: Callable[[], datetime] = utc_now,
+        *,
+        fsync: Fsync = os_fsync,
+    ) -> None:
+        super().__init__(slot_dir, fsync=fsync)
         self._clock = clock
 
     def begin(

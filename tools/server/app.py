@@ -22,6 +22,7 @@ from prometheus_client import generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runner.core import events
+from runner.core.durable import Fsync, os_fsync
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.core.stamp import read_stamp
@@ -31,6 +32,7 @@ from tools.reasons import Reason
 from tools.sandbox import run as sandbox
 from tools.server.metrics import ToolMetrics
 from tools.server.reply import Reply, refused
+from tools.server.seams import CallHooks, Fence, envelope_fence
 from tools.server.service import ToolService
 
 MAX_BODY_BYTES = registry.MAX_FILE_BYTES + 64 * 1024
@@ -120,7 +122,12 @@ def create_app(
     bind_host: str = "127.0.0.1",
     max_concurrent: int = DEFAULT_MAX_CONCURRENT,
     log: EventLog | None = None,
+    fence: Fence = envelope_fence,
+    fsync: Fsync = os_fsync,
+    hooks: CallHooks | None = None,
 ) -> FastAPI:
+    """The server's app. ``fence``, ``fsync`` and ``hooks`` are the service's seams
+    (``tools.server.seams``); only a test process passes other ones."""
     if not is_loopback(bind_host) and not settings.token:
         raise ServerConfigError(
             f"refusing to listen on {bind_host} without a token: set SLOTRUNNER_TOKEN"
@@ -132,7 +139,12 @@ def create_app(
         event_log.emit(events.TOOL_RESULT, **fields)
 
     service = ToolService(
-        settings, on_receipt_write=metrics.receipt_write_s.observe, emit=emit_resolved
+        settings,
+        on_receipt_write=metrics.receipt_write_s.observe,
+        emit=emit_resolved,
+        fence=fence,
+        fsync=fsync,
+        hooks=hooks,
     )
     gate = threading.BoundedSemaphore(max_concurrent)
     app = FastAPI(title="slotrunner tool server", version="0.1.0")
@@ -240,7 +252,11 @@ def serve(
     port: int = 8765,
     max_concurrent: int = DEFAULT_MAX_CONCURRENT,
 ) -> None:
+    run_app(create_app(settings, bind_host=host, max_concurrent=max_concurrent), host, port)
+
+
+def run_app(app: FastAPI, host: str, port: int) -> None:
+    """Serve ``app`` until stopped: no access log (the JSONL log has every call)."""
     import uvicorn
 
-    app = create_app(settings, bind_host=host, max_concurrent=max_concurrent)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

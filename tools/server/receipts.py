@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from runner.core import events
+from runner.core.durable import Fsync, os_fsync
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
 from runner.core.stamp import valid_slot_id
@@ -35,16 +36,19 @@ class SlotReceipts:
         *,
         on_write: Callable[[float], None] | None = None,
         emit: Callable[..., None] | None = None,
+        fsync: Fsync = os_fsync,
     ) -> None:
         self.settings = settings
         self.on_write = on_write
         self.emit = emit
+        self.fsync = fsync
         self._stores: dict[str, ReceiptStore] = {}
 
     def store(self, slot_id: str) -> ReceiptStore:
         store = self._stores.get(slot_id)
         if store is None:
-            store = self._stores[slot_id] = ReceiptStore(self.settings.slots_dir / slot_id)
+            slot_dir = self.settings.slots_dir / slot_id
+            store = self._stores[slot_id] = ReceiptStore(slot_dir, fsync=self.fsync)
         return store
 
     def timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

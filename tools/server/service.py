@@ -13,8 +13,6 @@ are ``tools.server.effects``.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -24,43 +22,42 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from runner.core import events
+from runner.core.durable import Fsync, os_fsync
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
-from runner.core.stamp import SlotState, Stamp, read_stamp, utc_now, valid_slot_id, write_stamp
+from runner.core.stamp import SlotState, read_stamp, utc_now, valid_slot_id, write_stamp
 from tools import builtin, paths, registry
-from tools.envelope import Envelope, verdict
+from tools.envelope import Envelope
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.receipts.store import KeyBoundToOtherJob, ReceiptDurabilityError, ReceiptStore, Status
 from tools.server.effects import intent_fields, run_tool
 from tools.server.receipts import SlotReceipts
 from tools.server.reply import Reply, describe, refused, replayed
-
-# Test-only switch: with this set in the tool server's environment the envelope check
-# lets every call through (the detector and the chaos campaign prove they catch a
-# cross-job apply when the fence is broken). Never set it in production.
-DISABLE_ENV = "SLOTRUNNER_TEST_DISABLE_ENVELOPE_HOOK"
-# Test-only fault injection: "after_effect:<tool>" SIGKILLs this process after the
-# effect and before its outcome is recorded (the "executed, then crashed" fault).
-CRASH_ENV = "SLOTRUNNER_TEST_CRASH_AT"
-# The same fault, armed at runtime (the chaos campaign): when this file exists under
-# $SLOTRUNNER_HOME, the next mutating call whose idempotency key contains its text
-# (any call when it is empty) consumes it and SIGKILLs the server after the effect.
-CRASH_MARKER = "chaos/crash-after-effect"
+from tools.server.seams import CallHooks, Fence, envelope_fence
 
 
 class ToolService:
+    """The calls of one host's slots. ``fence``, ``fsync`` and ``hooks`` are the seams
+    of ``tools.server.seams``: a normally built service has the real ones."""
+
     def __init__(
         self,
         settings: Settings,
         clock: Callable[[], datetime] = utc_now,
         on_receipt_write: Callable[[float], None] | None = None,
         emit: Callable[..., None] | None = None,
+        *,
+        fence: Fence = envelope_fence,
+        fsync: Fsync = os_fsync,
+        hooks: CallHooks | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.receipts = SlotReceipts(settings, on_write=on_receipt_write, emit=emit)
-        self.fence_disabled = os.environ.get(DISABLE_ENV) == "1"
+        self.fence = fence
+        self.fsync = fsync
+        self.hooks = hooks or CallHooks()
+        self.receipts = SlotReceipts(settings, on_write=on_receipt_write, emit=emit, fsync=fsync)
 
     def lookup(self, key: str, slot_id: str) -> Reply:
         return self.receipts.lookup(key, slot_id)
@@ -128,13 +125,12 @@ class ToolService:
             # A receipt fsync failed on this slot: nothing more may be applied here, even
             # a resend of a key whose intent is on disk but was never made durable.
             with contextlib.suppress(OSError):
-                _mark_poisoned(slot_dir, f"receipt store failed: {store.broken}")
+                self._mark_poisoned(slot_dir, f"receipt store failed: {store.broken}")
             return refused(409, Reason.SLOT_POISONED, f"slot poisoned: {store.broken}", **log)
-        if not self.fence_disabled:
-            reason = _fence(stamp, envelope, spec.mutating, store, self.clock())
-            if reason is not None:
-                holder = f"{stamp.job_id}@{stamp.generation}"
-                return refused(409, reason, f"{reason.value}: the slot is held by {holder}", **log)
+        reason = self.fence(stamp, envelope, spec.mutating, store, self.clock())
+        if reason is not None:
+            holder = f"{stamp.job_id}@{stamp.generation}"
+            return refused(409, reason, f"{reason.value}: the slot is held by {holder}", **log)
         ctx = builtin.Context(slot_dir, self.settings)
         if not spec.mutating:
             try:
@@ -223,7 +219,7 @@ class ToolService:
         except FileNotFoundError as exc:
             status, detail = Status.FAILED, f"not found: {exc}"
         log["service_ms"] = round((time.monotonic() - started) * 1000.0, 2)
-        _maybe_crash(self.settings, spec.name, envelope.idempotency_key)
+        self.hooks.after_effect(spec.name, envelope.idempotency_key)
         try:
             done = self.receipts.timed(
                 store.finish,
@@ -266,7 +262,7 @@ class ToolService:
         # fsync could lie. The slot takes no new lease until an operator clears it.
         poisoned = "slot poisoned"
         try:
-            _mark_poisoned(ctx.slot_dir, f"receipt fsync failed: {exc.message}")
+            self._mark_poisoned(ctx.slot_dir, f"receipt fsync failed: {exc.message}")
         except OSError as stamp_exc:
             # The same disk refused the stamp too. The store never writes again, so the
             # next call on this slot poisons it again (or fails the same way): the
@@ -283,49 +279,10 @@ class ToolService:
             log,
         )
 
-
-def _fence(
-    stamp: Stamp, envelope: Envelope, mutating: bool, store: ReceiptStore, now: datetime
-) -> Reason | None:
-    """The envelope's verdict against the slot's stamp and the key's receipt (I1, I2)."""
-    key = envelope.idempotency_key
-    bound = store.lookup(key) if key else None
-    return verdict(
-        stamp,
-        job_id=envelope.job_id,
-        generation=envelope.generation,
-        attempt=envelope.attempt,
-        idempotency_key=key,
-        mutating=mutating,
-        now=now,
-        slot_id=envelope.slot_id,
-        key_holder=bound.job_id if bound is not None else None,
-    )
-
-
-def _mark_poisoned(slot_dir: Path, reason: str) -> None:
-    """Stamp the slot poisoned, saying why; the caller holds the slot lock."""
-    current = read_stamp(slot_dir)
-    if current is None:
-        return  # never leased: there is no lease to take away
-    poisoned = current.model_copy(update={"state": SlotState.POISONED, "reason": reason})
-    write_stamp(slot_dir, poisoned)
-
-
-def _maybe_crash(settings: Settings, tool: str, key: str | None) -> None:
-    point = os.environ.get(CRASH_ENV)
-    if point and point in (f"after_effect:{tool}", "after_effect:*"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    marker = settings.home / CRASH_MARKER
-    try:
-        wanted = marker.read_text().strip()
-    except OSError:
-        return  # not armed: the usual case, one failed open per mutating call
-    if wanted and wanted not in (key or ""):
-        return
-    try:
-        # Consumed before the kill, so the restarted server does not crash again.
-        marker.unlink()
-    except FileNotFoundError:
-        return  # another call consumed it first
-    os.kill(os.getpid(), signal.SIGKILL)
+    def _mark_poisoned(self, slot_dir: Path, reason: str) -> None:
+        """Stamp the slot poisoned, saying why; the caller holds the slot lock."""
+        current = read_stamp(slot_dir)
+        if current is None:
+            return  # never leased: there is no lease to take away
+        poisoned = current.model_copy(update={"state": SlotState.POISONED, "reason": reason})
+        write_stamp(slot_dir, poisoned, fsync=self.fsync)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,8 +56,9 @@ class ChaosConfig:
     slots: int = 4
     kinds: tuple[str, ...] = cp.KINDS
     timeout_s: float | None = None  # for all results; default 120 s + 20 s a job
-    # Test only: extra environment of the tool server (the fence's off switch).
-    toolserver_env: Mapping[str, str] = field(default_factory=dict)
+    # Test only: False starts the tool server with the envelope check off (the control
+    # run that shows the checks catch a replayed old envelope that lands).
+    fence: bool = True
     # Test only: False starts the workers without the attempt floor (the control run
     # that shows the attempt check catches the numbers a Redis wipe reissues).
     attempt_floor: bool = True
@@ -75,7 +76,7 @@ def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
             host=f"chaos-{config.seed}",
             slots=config.slots,
             workers=config.workers,
-            toolserver_env=config.toolserver_env,
+            fence=config.fence,
             attempt_floor=config.attempt_floor,
         )
     except Exception as exc:

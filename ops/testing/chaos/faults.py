@@ -5,14 +5,15 @@ step (``kill_*``, ``http_429``, ``lose_response``) or hooks run by the proxy whe
 step's call passes through it:
 
 * ``storm_429`` arms a rule that answers the next N calls of *any* job with 429;
-* ``server_crash`` writes ``tools.server.service.CRASH_MARKER`` naming the call's key: the
-  tool server SIGKILLs itself after that call's effect, before its outcome; the
-  stack's supervisor restarts it;
+* ``server_crash`` arms a crash for the call's key in the stack's fault plan
+  (``ops.testing.faultplan``, read only by the stack's own tool server): the tool
+  server SIGKILLs itself after that call's effect, before its outcome; the stack's
+  supervisor restarts it;
 * ``pause`` SIGSTOPs the caller's whole worker until the job's slot was reclaimed
   from the paused attempt (polled, bounded), then SIGCONTs it and lets the call go
   on (to be refused as stale);
 * ``cancel_storm`` cancels the job several times while the call is in flight;
-* ``fsync_eio`` puts ``.fail-fsync`` in the slot for exactly that call;
+* ``fsync_eio`` arms EIO on every fsync in the call's slot, for exactly that call;
 * ``redis_wipe`` restarts the stack's Redis with no data while the call waits: writes
   are paused first so the campaign can collect every result already committed (a
   commit in flight blocks, then meets the empty server and is fenced), the server is
@@ -36,16 +37,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from ops.testing.chaos import plan as cp
 from ops.testing.chaos.replay import Replayed, replay_step
 from ops.testing.chaos.stack import ChaosStack, wait_until
 from ops.testing.fault_proxy import Call, Fault, Rule
-from runner.core.durable import FAIL_FSYNC_MARKER
 from runner.jobs.cancel import cancel
 from tools import registry
-from tools.server.service import CRASH_MARKER
 
 PAUSE_MAX_S = 45.0  # a paused worker is resumed after this even without a takeover
 WIPE_PAUSE_MS = 10_000  # writes are held this long at most while results are collected
@@ -173,14 +173,11 @@ class Injector:
         self._note(fault, f"the next {times} tool calls of any job answered 429")
 
     def _crash(self, fault: cp.FaultPlan, call: Call) -> None:
-        marker = self.stack.home / CRASH_MARKER
-        if marker.exists():
+        faults = self.stack.faults
+        if faults.crash_armed():
             self._note(fault, "another crash was still armed", skipped=True)
             return
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp = marker.with_suffix(".tmp")
-        tmp.write_text(call.key)
-        os.replace(tmp, marker)  # never seen half-written (an empty marker matches any call)
+        faults.arm_crash(key_contains=call.key)
         self._note(fault, f"armed for {call.key}")
 
     def _pause(self, fault: cp.FaultPlan, call: Call) -> None:
@@ -221,16 +218,16 @@ class Injector:
         ]
         self._note(fault, "cancel -> " + ", ".join(outcomes))
 
-    def _fsync_marker(self, call: Call) -> Any:
-        return self.stack.settings.slots_dir / str(call.envelope.get("slot_id")) / FAIL_FSYNC_MARKER
+    def _slot_dir(self, call: Call) -> Path:
+        return self.stack.settings.slots_dir / str(call.envelope.get("slot_id"))
 
     def _fsync_on(self, fault: cp.FaultPlan, call: Call) -> None:
-        self._fsync_marker(call).touch()
+        self.stack.faults.arm_fsync_eio(self._slot_dir(call))
         self.fsync_slots.add(str(call.envelope.get("slot_id")))
         self._note(fault, f"every fsync in slot {call.envelope.get('slot_id')} fails")
 
     def _fsync_off(self, fault: cp.FaultPlan, call: Call, status: int) -> None:
-        self._fsync_marker(call).unlink(missing_ok=True)
+        self.stack.faults.disarm_fsync_eio(self._slot_dir(call))
         self._note(fault, f"the server answered {status}")
 
     def _wipe(self, fault: cp.FaultPlan, call: Call) -> None:
@@ -282,7 +279,6 @@ class Injector:
         give_up = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(timeout=max(0.1, give_up - time.monotonic()))
-        marker = self.stack.home / CRASH_MARKER
         for rule in self.stack.proxy.rules:
             fault = self._by_rule.get(id(rule))
             if fault is not None and rule.fired > 1:
@@ -299,8 +295,8 @@ class Injector:
                 else:
                     self._note(fault, "no copy was redelivered while it ran", skipped=True)
         armed = [f for f in self.fired if f.kind == cp.SERVER_CRASH and not f.skipped]
-        if armed and marker.exists():
-            marker.unlink(missing_ok=True)
+        if armed and self.stack.faults.crash_armed():
+            self.stack.faults.disarm_crash()
             for fired in armed[-1:]:
                 fired.skipped = True
                 fired.detail += "; the armed call never reached its effect"

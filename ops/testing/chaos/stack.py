@@ -23,6 +23,7 @@ import redis
 from celery import Celery
 
 from ops.testing.fault_proxy import FaultProxy
+from ops.testing.faultplan import FaultPlan
 from ops.testing.stack import Child, StackError, free_port, start_toolserver, start_worker
 from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
@@ -94,12 +95,18 @@ class ChaosStack:
         slots: int,
         workers: int,
         concurrency: int = 2,
-        toolserver_env: Mapping[str, str] | None = None,
+        fence: bool = True,
         attempt_floor: bool = True,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
-        """``attempt_floor=False`` starts the workers without the host's attempt floor
-        (the control run of ``tests/chaos/test_chaos_e2e.py``)."""
+        """``fence=False`` starts the tool server with the envelope check off, and
+        ``attempt_floor=False`` the workers without the host's attempt floor (the
+        control runs of ``tests/chaos/test_chaos_e2e.py``).
+
+        The tool server is the stack's own process (``ops.testing.toolserver``), with
+        the fault plan in ``faults`` that the campaign arms while it runs (a crash
+        after a call's effect, EIO on a slot's fsyncs); a normally started
+        ``slotrunner toolserver`` never reads it."""
         self.home = home
         self.n_workers = workers
         self.concurrency = concurrency
@@ -125,7 +132,8 @@ class ChaosStack:
         )
         # Workers get the same settings but call the tool server through the fault proxy.
         self.env = {**base, "PYTHONUNBUFFERED": "1", **self.settings.to_env(), **FAST_ENV}
-        self.toolserver_env = {**self.env, **(toolserver_env or {})}
+        self.fence = fence
+        self.faults = FaultPlan(home / "faults")
         self.attempt_floor = attempt_floor
         self.log = LogTail(self.settings.log_path)
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
@@ -147,14 +155,18 @@ class ChaosStack:
     # -- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
-        logs = self.home / "logs"
-        self.toolserver = start_toolserver(self.toolserver_env, self.port, logs)
+        self.toolserver = self._start_toolserver()
         self._supervisor.start()
         proxy_url = self.proxy.start()
         self._worker_start_env = {**self.env, "SLOTRUNNER_TOOLSERVER_URL": proxy_url}
         with self._workers_lock:
             for n in range(self.n_workers):
                 self.workers.append(self._start_worker(f"w{n + 1}"))
+
+    def _start_toolserver(self) -> Child:
+        return start_toolserver(
+            self.env, self.port, self.home / "logs", fence=self.fence, faults=self.faults.root
+        )
 
     def _start_worker(self, name: str) -> Child:
         return start_worker(
@@ -190,9 +202,7 @@ class ChaosStack:
             child.stop()
             self.restarts.append(time.monotonic())
             try:
-                self.toolserver = start_toolserver(
-                    self.toolserver_env, self.port, self.home / "logs"
-                )
+                self.toolserver = self._start_toolserver()
             except StackError as exc:
                 self.restart_errors.append(str(exc))
                 return
