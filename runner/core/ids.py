@@ -1,4 +1,4 @@
-"""A job id: the one rule every door applies (docs/architecture.md, "Job ids").
+"""A job id: the one rule every door applies (docs/architecture.md, "Job spec").
 
 A job id names a Redis key, a file under ``attempts/``, a git ref
 ``refs/slotrunner/snapshots/<job_id>/start`` and a field of every tool-call envelope,

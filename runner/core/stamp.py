@@ -31,7 +31,7 @@ class SlotState(StrEnum):
 
 
 # Which states count as "the lease is held" -- one rule per question asked of a stamp,
-# each named once here (docs/architecture.md, "Slot states"):
+# each named once here (docs/architecture.md, "Stamp"):
 #   HOLDS_LEASE  the lease is live: its tool calls apply, it may be renewed or cancelled,
 #                and an operator's restore must not overwrite its tree.
 #   LEASE_OPEN   the lease has not ended: its owner may still release it and the janitor
