@@ -19,6 +19,20 @@ the answer is ``reconcile`` (look the idempotency key up in the receipt store),
 never a blind replay. ``retry_only_with_receipt`` means the retry must carry the
 same idempotency key, so a server that did run the tests answers with the original
 receipt instead of running them again.
+
+Every number of every retry lives below the table, here and nowhere else; the
+client's loops (``tools.client``) take theirs from this module::
+
+    MAX_ATTEMPTS          5     attempts of one call in all (the first included)
+    RETRY_ONCE_ATTEMPTS   2     ... for retry_once: exactly one more
+    DEFAULT_DELAY_S       1.0   the wait when the server gave no usable Retry-After
+    MAX_DELAY_S           60.0  no single wait is longer
+    CALL_BACKOFF          0.05 s doubling to 5 s (+0.05 s jitter): between attempts
+                                when a decision names no wait of its own
+    RECONCILE_BACKOFF     0.1 s doubling to 1 s (+0.1 s jitter): between receipt
+                                lookups while an outcome is unknown
+    MAX_RESENDS           3     resends of a key the receipt store says never applied
+    RESEND_5XX_DELAY_S    0.2   the wait after such a resend was answered 5xx
 """
 
 from __future__ import annotations
@@ -102,8 +116,10 @@ RETRY_ACTIONS = frozenset({_A.RETRY_AFTER_HEADER, _A.RETRY_ONCE, _A.RETRY_ONLY_W
 
 # Attempts in all (the first included) for a server-paced retry (429): more than a
 # one-shot retry, but never forever: a server that stays saturated is surfaced to
-# the job, not hidden.
+# the job, not hidden. The client's retry loop stops at the same number.
 MAX_ATTEMPTS = 5
+# retry_once: the first attempt and exactly one more.
+RETRY_ONCE_ATTEMPTS = 2
 # The wait used when the server gave no usable Retry-After.
 DEFAULT_DELAY_S = 1.0
 # No single wait is longer than this, whatever the server asks for.
@@ -111,6 +127,27 @@ MAX_DELAY_S = 60.0
 # A Retry-After further out than this is not a plausible hint but garbage or an
 # overflow: it is ignored (the default applies) rather than honoured up to the cap.
 MAX_PLAUSIBLE_RETRY_AFTER_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: ``initial_s`` doubling up to ``max_s``."""
+
+    initial_s: float
+    max_s: float
+    jitter_s: float
+
+
+# Between attempts of one call when the decision names no wait of its own.
+CALL_BACKOFF = Backoff(initial_s=0.05, max_s=5.0, jitter_s=0.05)
+# Between receipt lookups while a call's outcome is unknown: the server may be
+# restarting (a crash between intent and outcome), so look often, for the deadline.
+RECONCILE_BACKOFF = Backoff(initial_s=0.1, max_s=1.0, jitter_s=0.1)
+# Resends of a key the receipt store says never applied; the same key each time, so
+# the server applies it at most once however many arrive.
+MAX_RESENDS = 3
+# After a resend was answered 5xx, look the key up again this much later.
+RESEND_5XX_DELAY_S = 0.2
 
 _DELTA_SECONDS = re.compile(r"\d{1,20}(\.\d{1,9})?")
 
@@ -200,7 +237,7 @@ def classify(
         return Decision(action, 0.0, Why.TABLE)
 
     # Attempts in all, the first included: retry_once allows exactly one more.
-    max_attempts = 2 if action is Action.RETRY_ONCE else MAX_ATTEMPTS
+    max_attempts = RETRY_ONCE_ATTEMPTS if action is Action.RETRY_ONCE else MAX_ATTEMPTS
     if attempt >= max_attempts:
         return Decision(Action.DO_NOT_RETRY, 0.0, Why.ATTEMPTS)
     parsed = parse_retry_after(retry_after, now)

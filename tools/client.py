@@ -32,8 +32,6 @@ from tools.envelope import Envelope, check
 from tools.errors import ToolError
 from tools.reasons import Reason
 
-MAX_ATTEMPTS = 6
-MAX_RESENDS = 3
 # Tells the server which classifier decision a resend came from (its retry metrics).
 RETRY_HEADER = "x-slotrunner-retry"
 # The calling process, on every request: the chaos campaign's fault proxy kills or
@@ -159,11 +157,12 @@ class ToolClient:
         try:
             for retry in stamina.retry_context(
                 on=hook,
-                attempts=MAX_ATTEMPTS,
+                # The classifier stops at the same count; this cap only backs it up.
+                attempts=classifier.MAX_ATTEMPTS,
                 timeout=deadline_s,
-                wait_initial=0.05,
-                wait_max=5.0,
-                wait_jitter=0.05,
+                wait_initial=classifier.CALL_BACKOFF.initial_s,
+                wait_max=classifier.CALL_BACKOFF.max_s,
+                wait_jitter=classifier.CALL_BACKOFF.jitter_s,
             ):
                 with retry:
                     attempt += 1
@@ -300,6 +299,7 @@ class ToolClient:
         if not envelope.idempotency_key:
             raise OutcomeUnknown(f"{envelope.tool}: {failure} and the call has no idempotency key")
         remaining = deadline_s - (time.monotonic() - started)
+        backoff = classifier.RECONCILE_BACKOFF
         resends = 0
 
         def hook(exc: Exception) -> bool | float:
@@ -310,13 +310,14 @@ class ToolClient:
         try:
             for retry in stamina.retry_context(
                 on=hook, attempts=None, timeout=max(remaining, 0.001),
-                wait_initial=0.1, wait_max=1.0, wait_jitter=0.1,
+                wait_initial=backoff.initial_s, wait_max=backoff.max_s,
+                wait_jitter=backoff.jitter_s,
             ):  # fmt: skip
                 with retry:
                     found = self._lookup(envelope)
                     if found is not None:
                         return found
-                    if resends >= MAX_RESENDS:
+                    if resends >= classifier.MAX_RESENDS:
                         break
                     # Absent: it never applied. Resend the same key, only while our
                     # lease is live; the server's put-if-absent keeps it at most once.
@@ -331,9 +332,9 @@ class ToolClient:
                         wait = classifier.parse_retry_after(
                             response.headers.get("retry-after"), self.clock()
                         )
-                        raise _Unsettled(wait if wait is not None else 1.0)
+                        raise _Unsettled(wait if wait is not None else classifier.DEFAULT_DELAY_S)
                     if response.status_code >= 500:
-                        raise _Unsettled(0.2)
+                        raise _Unsettled(classifier.RESEND_5XX_DELAY_S)
                     return _decode(response)
         except (httpx.TransportError, _Unsettled):
             pass

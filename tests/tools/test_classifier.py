@@ -326,3 +326,32 @@ def test_delay_is_bounded_and_inside_the_deadline(
         assert got.delay_s == 0.0
     if tool == "nope":
         assert got.action == Action.DO_NOT_RETRY
+
+
+def test_the_client_stops_at_the_classifiers_attempt_cap() -> None:
+    """One number: a read answered 429 forever is sent MAX_ATTEMPTS times in all, then
+    surfaced as a transport failure; the client keeps no cap of its own."""
+    import httpx
+
+    from runner.core.stamp import utc_now
+    from tools import client as tool_client
+    from tools.envelope import Envelope
+    from tools.reasons import Reason
+
+    assert not hasattr(tool_client, "MAX_ATTEMPTS") and not hasattr(tool_client, "MAX_RESENDS")
+    sent: list[httpx.Request] = []
+
+    def saturated(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(429, headers={"retry-after": "0"}, json={"error": "saturated"})
+
+    client = tool_client.ToolClient(
+        "http://toolserver.invalid", transport=httpx.MockTransport(saturated), clock=utc_now
+    )
+    envelope = Envelope(job_id="job-A", attempt=1, slot_id="S1", generation=1, tool="read_file")
+    with pytest.raises(tool_client.TransportFailed) as failed:
+        client.call(envelope, {"path": "README"}, deadline_s=60)
+    client.close()
+    assert len(sent) == MAX_ATTEMPTS
+    assert failed.value.failure is FailureKind.HTTP_429
+    assert failed.value.reason is Reason.TRANSPORT_FAILED
