@@ -26,9 +26,9 @@ from pydantic import ValidationError
 
 from runner.core import keys
 from runner.core.durable import ensure_dir, replace_file
+from runner.core.ids import JobIdError, check_job_id
 from runner.errors import RunnerError
 from runner.jobs.models import JobResult
-from runner.worker.attempt_floor import AttemptFloorError, floor_path
 
 RESULTS_DIR = "results"
 
@@ -53,10 +53,11 @@ class ResultCopyError(RunnerError):
 def copy_path(home: Path, job_id: str) -> Path:
     """``$SLOTRUNNER_HOME/results/<job_id>.json``; a bad job id is refused."""
     try:
-        floor = floor_path(home, job_id)  # the same validation as the attempt floor
-    except AttemptFloorError as exc:
+        # The one job-id rule has no '/' and no '..': the name stays in RESULTS_DIR.
+        name = check_job_id(job_id)
+    except JobIdError as exc:
         raise ResultCopyError(str(exc)) from exc
-    return home / RESULTS_DIR / f"{floor.name}.json"
+    return home / RESULTS_DIR / f"{name}.json"
 
 
 def keep(home: Path, result: JobResult) -> Path:
