@@ -9,7 +9,7 @@ same machine. The goals (also in ``bench/README.md`` and judged in ``RESULTS.md`
 pipeline   one write_file through the full pipeline <= 1.5x a bare POST + fsync
 recycle    slot recycle <= 1.5x bare git checkout + clean + reset
 receipts   one writer >= 0.9x raw append+fsync; 8 slots >= 3x one writer
-detector   >= 10x the seed's jq|awk pipeline; peak RSS < 100 MB on a large log
+detector   >= 10x the jq|awk alert's pipeline; peak RSS < 100 MB on a large log
 e2e        isolation overhead <= 15 % of job time; orchestration reported
 sandbox    bwrap start-up per run_tests vs a bare spawn (reported)
 memory     peak RSS of tool server, worker, detector (reported)

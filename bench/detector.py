@@ -1,4 +1,6 @@
-"""``slotrunner ops detect`` throughput against the seed's jq|awk alert, and its memory.
+"""``slotrunner ops detect`` throughput against the jq|awk alert, and its memory.
+
+The alert is the one-line check of docs/architecture.md §Log records.
 
 The log is made by the generator the detector's own tests use
 (``ops.testing.synthlog.synth_log``: the log schema of ``runner.core.events``, two
@@ -47,7 +49,7 @@ from bench.stats import (
 from ops.detect.detector import DETECT_KINDS, Kind
 from ops.testing.synthlog import MUTATING, LogSynth, synth_log
 
-SPEED_GOAL = Goal(">=", 10.0, ">= 10x the seed's jq|awk pipeline")
+SPEED_GOAL = Goal(">=", 10.0, ">= 10x the jq|awk alert's pipeline")
 RSS_GOAL = Goal("<", 100.0, "< 100 MB peak RSS on a large log")
 SEED_PIPELINE = (
     'jq -r \'select(.tool=="apply_patch") | [.job_id,.slot_generation,.receipt_job] '
@@ -91,7 +93,7 @@ def run(ctx: Context) -> BenchResult:
         result.figures.append(
             not_measured(
                 "detector.throughput",
-                "detector vs the seed's jq|awk pipeline",
+                "detector vs the jq|awk alert's pipeline",
                 "jq is not installed (apt-get install jq)",
                 SPEED_GOAL,
             )

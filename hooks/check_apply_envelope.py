@@ -3,7 +3,7 @@
 The decision is :func:`tools.envelope.verdict`, the one the tool server applies under
 the slot lock before every call; this command only reads its inputs (the slot's
 stamp, the request, the key's receipt) and turns the verdict into an exit code.
-Compatible with the seed-004 hook (``docs/architecture.md``, "The envelope hook")::
+Its usage and exit codes are a contract (docs/architecture.md §Envelope hook)::
 
     python -m hooks.check_apply_envelope --slot SLOT_DIR --request REQUEST.json
 

@@ -3,8 +3,8 @@
 ``cancel_consumer`` is a Celery broadcast: each worker stops consuming ``queue`` and
 finishes what it holds (a job mid-apply is not killed, so no new outcome-unknown is
 created by the brake itself). No new job can then lease a recycled slot, which is
-what turns one cross-job write into many (seed 004: "stop the worker pool before
-more slots recycle"). Restart consumption with ``celery control add_consumer``.
+what turns one cross-job write into many (docs/architecture.md §Problem: the pool stops
+before more slots recycle). Restart consumption with ``celery control add_consumer``.
 """
 
 from __future__ import annotations

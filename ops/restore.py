@@ -2,7 +2,7 @@
 
 Rollback after a cross-job write is a restore of the victim's own snapshot, never a
 reverse-apply of the intruder's diff: the victim may have edited the same path after
-the replay (seed 004, "Rollback"). Receipts and logs are never touched; they are the
+the replay (docs/architecture.md §Problem). Receipts and logs are never touched; they are the
 audit trail of what happened.
 
 Overwriting a slot that another live job holds would itself be a cross-job write, so

@@ -1,7 +1,7 @@
 """The retry classifier: may a failed tool call be sent again, and after how long?
 
 No transport retry happens unless this table allows it for that tool and that
-failure (DESIGN I4). The table is the policy; :func:`classify` only adds the limits
+failure (docs/architecture.md §I4). The table is the policy; :func:`classify` only adds the limits
 that apply to every cell: how many attempts, how long to wait, and the job's
 deadline. It is a pure function: the caller passes the clock readings in.
 

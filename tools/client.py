@@ -167,7 +167,8 @@ class ToolClient:
                 with retry:
                     attempt += 1
                     # The same key and envelope on every attempt: only this call is
-                    # ever resent, never some other buffered request (seed 004).
+                    # ever resent, never some other buffered request
+                    # (docs/architecture.md §Problem).
                     if attempt > 1:
                         self._check_local(envelope, slot_dir, mutating)
                     return self._attempt(envelope, body, slot_dir, attempt, started, deadline_s)

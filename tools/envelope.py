@@ -51,7 +51,7 @@ class MalformedRequest(ToolError):
 @dataclass(frozen=True)
 class Request:
     """A request's envelope fields as the hook CLI reads them; ``attempt`` and
-    ``slot_id`` are checked only when given (seed 004's requests have neither)."""
+    ``slot_id`` are checked only when given (a hook request may carry neither)."""
 
     job_id: str
     generation: int

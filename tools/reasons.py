@@ -1,6 +1,6 @@
-"""Every refusal reason of the design, as one named value used everywhere.
+"""Every refusal reason slotrunner gives, as one named value used everywhere.
 
-The string values are the wire and log contract (``docs/architecture.md``): they
+The string values are the wire and log contract (docs/architecture.md §Reasons): they
 appear in 409/403 bodies, in ``tool_result.reason`` log fields, and on the stderr of
 ``hooks.check_apply_envelope``. The errors that carry them are in ``tools.errors``.
 """

@@ -22,7 +22,7 @@ MAX_MESSAGE_CHARS = 64 * 1024
 
 
 class RetryClass(StrEnum):
-    """How a tool may be retried after a transport failure (DESIGN §5)."""
+    """How a tool may be retried after a transport failure (docs/architecture.md §Retry table)."""
 
     MUTATING = "mutating"  # never transport-retried once a byte was sent
     READ = "read"  # 429 -> Retry-After; 5xx/timeout -> once

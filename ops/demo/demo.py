@@ -134,7 +134,7 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
 @click.option(
     "--incident",
     is_flag=True,
-    help="Replay seed 004's cross-job write with the fence off, then on, and compare.",
+    help="Replay a buffered apply into a recycled slot with the fence off, then on, and compare.",
 )
 @click.option(
     "--timeout",
@@ -147,7 +147,7 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
 def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> None:
     """Run N scripted agent jobs end to end on a local stack and summarise them.
 
-    With --incident: seed 004's replay into a recycled slot, once with the envelope
+    With --incident: a buffered apply replayed into a recycled slot, once with the envelope
     fence switched off (the write lands, the detector pages, the pool stops, restore
     repairs the victim) and once with it on (refused, nothing to page).
     """
@@ -282,7 +282,7 @@ def _incident() -> None:
     from ops.demo.incident import render, run
 
     console = Console()
-    console.print("Replaying seed 004 in a scratch home, twice (about 30 s)...")
+    console.print("Replaying a buffered apply in a scratch home, twice (about 30 s)...")
     off, on = run()
     console.print(render(off, on))
     ok = (
@@ -303,7 +303,8 @@ def _incident() -> None:
 
 
 def _replay_stale_apply(settings: Any, first: Any, job_id: str) -> str:
-    """Seed 004's replay: job 1's apply, resent with its old envelope after recycling."""
+    """The replay of docs/architecture.md §Problem: job 1's apply, resent with its old
+    envelope after recycling."""
     from tools.client import ToolClient, ToolRefused
     from tools.envelope import Envelope
 

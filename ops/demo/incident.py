@@ -1,4 +1,5 @@
-"""``slotrunner demo --incident``: seed 004's event order, once without the fence, once with.
+"""``slotrunner demo --incident``: the event order of docs/architecture.md §Problem,
+once without the fence, once with.
 
 Both runs happen in a scratch home on the real stack: embedded Redis, the tool server,
 a Celery worker (so ``--stop-pool`` has a pool to stop), the detector following the
@@ -129,7 +130,7 @@ def _wait_consuming(broker_url: str, timeout_s: float = 30.0) -> None:
 
 
 def run_once(fence: bool, scratch: Path) -> Timeline:
-    """One pass of seed 004's order; returns what happened, with timestamps."""
+    """One pass of the replay into a recycled slot; returns what happened, with timestamps."""
     timeline = Timeline(fence)
     home = scratch / ("fence-on" if fence else "fence-off")
     server = EmbeddedRedis(home)
@@ -262,7 +263,7 @@ def run(scratch: Path | None = None) -> tuple[Timeline, Timeline]:
 def render(off: Timeline, on: Timeline) -> Any:
     from rich.table import Table
 
-    table = Table(title="seed 004, replayed twice", show_lines=False)
+    table = Table(title="a buffered apply replayed into a recycled slot, twice", show_lines=False)
     table.add_column("fence OFF (test-only switch)", overflow="fold")
     table.add_column("fence ON (slotrunner's default)", overflow="fold")
     rows = max(len(off.events), len(on.events))

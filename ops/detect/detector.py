@@ -19,8 +19,8 @@ from ``slot_leased`` / ``slot_released`` lines in log order:
 Precedence: an apply gets at most one *ownership* kind, stale > cross_job > unowned.
 Stale wins because a recycled slot explains everything else about the line; a
 foreign receipt outranks "unowned" because it names the victim. ``duplicate_apply``
-is judged on its own, so the replayed buffered apply of seed 004 (old envelope,
-same key) is two incidents on one line: stale_generation_apply and duplicate_apply.
+is judged on its own, so the replayed buffered apply of docs/architecture.md §Problem
+(old envelope, same key) is two incidents on one line: stale_generation_apply and duplicate_apply.
 :func:`judge_apply` also returns two kinds only ``ops.detect.verify`` reports (the owner's
 job with another attempt, and an apply after the lease was released).
 

@@ -1,13 +1,13 @@
 """The admission desk: a bounded, generation-counted lease per inference request.
 
-One desk per eval-run, in Redis, shared by every worker of the run (DESIGN §6, I6,
-I7). A worker acquires a lease before it sends an inference request; at most
-``bound`` leases are held at once, and work that cannot be held is refused and
-counted. A completion is applied to the planner only through :meth:`apply`, which
-commits it iff its lease is still live and no other completion holds its step. A
-local timeout calls :meth:`expire`, which fences the late body without returning
-the capacity: the request may still be running in the backend. Capacity comes
-back only on :meth:`release`, exactly once per lease. The lease state machine is
+One desk per eval-run, in Redis, shared by every worker of the run
+(docs/architecture.md §Admission, I6, I7). A worker acquires a lease before it sends
+an inference request; at most ``bound`` leases are held at once, and work that cannot
+be held is refused and counted. A completion is applied to the planner only through
+:meth:`apply`, which commits it iff its lease is still live and no other completion
+holds its step. A local timeout calls :meth:`expire`, which fences the late body
+without returning the capacity: the request may still be running in the backend.
+Capacity comes back only on :meth:`release`, exactly once per lease. The lease state machine is
 ``runner/admission/table.py``; the scripts that apply it, ``runner/admission/lua.py``;
 the lease, the desk's Redis keys and its errors, ``runner/admission/lease.py``.
 

@@ -1,4 +1,4 @@
-"""The admission lease's state machine, as data (DESIGN §6).
+"""The admission lease's state machine, as data (docs/architecture.md §Admission).
 
 A pure table: ``(state, op) -> Transition``. The desk's Lua script
 (``runner/admission/lua.py``) receives it as JSON and only interprets it, so the

@@ -4,8 +4,8 @@ Every request holds an admission lease of the job's eval-run (``runner.admission
 so in-flight inference stays within the run's bound across every worker (I6). A
 local timeout does not cancel the request on the server: it *expires* the lease, and
 when the late body arrives it re-enters the desk, is rejected as stale, and never
-becomes a tool call (seed 000). A 429 gives the capacity back and re-acquires it:
-no retry sneaks around the counter. Empty or schema-invalid bodies are protocol
+becomes a tool call (docs/architecture.md §Admission). A 429 gives the capacity back
+and re-acquires it: no retry sneaks around the counter. Empty or schema-invalid bodies are protocol
 errors, counted apart from transport failures. :func:`admission_desk` builds the
 run's desk for a planner spec: its recovery hold after a Redis loss lasts as long as
 one of its requests can stay out (the HTTP timeout, not the local one: a timed-out
@@ -236,8 +236,9 @@ class ChatPlanner:
         self, future: Future[tuple[int, httpx.Headers, bytes]], lease: Lease
     ) -> tuple[int, httpx.Headers, bytes]:
         """The request's answer; FutureTimeout past the local timeout; PlannerStopped
-        when the job is cancelled or superseded meanwhile (seed 001: the lease is marked
-        cancel_requested and stays counted until the backend confirms it is done)."""
+        when the job is cancelled or superseded meanwhile (docs/architecture.md §Admission:
+        the lease is marked cancel_requested and stays counted until the backend
+        confirms it is done)."""
         give_up = self.clock() + self.spec.request_timeout_s
         while True:
             left = give_up - self.clock()

@@ -1,4 +1,4 @@
-"""Cancel a job (seed 001): a request, then the job's own confirmed release.
+"""Cancel a job (docs/architecture.md §I7): a request, then the job's own confirmed release.
 
 :func:`cancel` runs one Lua script, so it serialises with the attempt claim
 (``runner.worker.liveness``) and the result commit (``runner.worker.job``):

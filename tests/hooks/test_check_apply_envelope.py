@@ -91,7 +91,8 @@ def test_ok_prints_ok_and_exits_zero(tmp_path: Path) -> None:
 def test_refusals_exit_with_their_codes(
     tmp_path: Path, fields: dict[str, Any], code: int, reason: str
 ) -> None:
-    """Each refusal reason prints its name on stderr and exits with its DESIGN code."""
+    """Each refusal reason prints its name on stderr and exits with its code
+    (docs/architecture.md §Envelope hook)."""
     slot = leased_slot(tmp_path)
     proc = run_cli("--slot", str(slot), "--request", str(request(tmp_path, **fields)))
     assert proc.returncode == code

@@ -91,8 +91,10 @@ def test_timeline_follows_leases_and_ignores_late_older_generations() -> None:
     assert replay.slots[("h1", "S2")] == SlotState(7, "B", 2, leased=False, released=True)
 
 
-def test_seed_replay_is_stale_and_duplicate_and_replayed_lines_never_count(tmp_path: Path) -> None:
-    """The seed-004 replay (old envelope, same key) is two incidents; a 'replayed' line is none."""
+def test_buffered_replay_is_stale_and_duplicate_and_replayed_lines_never_count(
+    tmp_path: Path,
+) -> None:
+    """A buffered replay (old envelope, same key) is two incidents; a 'replayed' line is none."""
     found = _kinds_by_line(
         tmp_path,
         [
@@ -230,18 +232,18 @@ def test_per_host_files_find_every_injected_incident(tmp_path: Path) -> None:
     assert malformed == synth.malformed
 
 
-# -- the seed's pipeline ----------------------------------------------------------------
+# -- the jq|awk alert (docs/architecture.md §Log records) -------------------------------
 
-SEED_JQ = (
+JQ_ALERT = (
     'jq -r \'select(.tool=="apply_patch") | [.job_id,.slot_generation,.receipt_job] '
     "| @tsv' \"$0\" | awk -F'\\t' '$1 != $3 { print }'"
 )
 
 
-def _seed_pipeline(path: Path) -> tuple[int, set[tuple[str, ...]]]:
+def _jq_alert(path: Path) -> tuple[int, set[tuple[str, ...]]]:
     assert shutil.which("jq"), "jq is needed for this comparison: apt-get install -y jq"
     proc = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", SEED_JQ, str(path)],
+        ["bash", "-o", "pipefail", "-c", JQ_ALERT, str(path)],
         capture_output=True,
         text=True,
         check=False,
@@ -249,12 +251,12 @@ def _seed_pipeline(path: Path) -> tuple[int, set[tuple[str, ...]]]:
     return proc.returncode, {tuple(row.split("\t")) for row in proc.stdout.splitlines()}
 
 
-def test_detector_finds_what_the_seed_jq_pipeline_flags_and_what_it_cannot(tmp_path: Path) -> None:
-    """Every real incident the seed's jq|awk alert prints is found; so are the stale,
+def test_detector_finds_what_the_jq_alert_flags_and_what_it_cannot(tmp_path: Path) -> None:
+    """Every real incident the jq|awk alert prints is found; so are the stale,
     unowned, duplicate and other-tool ones it cannot see, and past a garbage line."""
     path = tmp_path / "clean.jsonl"
     synth = synth_log(path, 30_000, seed=7, garbage=False, keep_meta=True)
-    code, rows = _seed_pipeline(path)
+    code, rows = _jq_alert(path)
     assert code == 0
 
     def row(where: tuple[str, int]) -> tuple[str, ...]:
@@ -278,7 +280,7 @@ def test_detector_finds_what_the_seed_jq_pipeline_flags_and_what_it_cannot(tmp_p
 
     dirty = tmp_path / "dirty.jsonl"
     synth = synth_log(dirty, 30_000, seed=7)
-    code, _ = _seed_pipeline(dirty)
+    code, _ = _jq_alert(dirty)
     assert code != 0  # jq stops at the first line it cannot parse
     found, _, _ = run_detect([str(dirty)])
     assert found == synth.expected

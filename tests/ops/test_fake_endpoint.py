@@ -337,7 +337,8 @@ def test_a_hung_request_answers_a_late_body_after_the_client_gave_up(start: Any)
 
 
 def test_a_retry_racing_a_hung_original_can_get_the_same_completion(start: Any) -> None:
-    """Seed 000's story: the original hangs, its retry is served; both carry the same id."""
+    """The original hangs, its retry is served; both carry the same id (docs/architecture.md
+    §Admission: why a late body must be fenced)."""
     digest = request_digest(chat_request())
     knobs: dict[str, Any] = {"hang_prob": 0.5, "hang_s": 1.0, "duplicate_prob": 1.0, **FAST}
     # The plan is pure, so pick the seed whose first arrival hangs and second is a duplicate.

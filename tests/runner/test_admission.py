@@ -234,8 +234,8 @@ def test_expire_fences_the_late_completion_but_keeps_capacity(make_desk: DeskFac
     assert desk.stats()["in_flight"] == 0
 
 
-def test_seed_sequence_timeout_retry_and_late_body(make_desk: DeskFactory) -> None:
-    """Seed 000's diagram: the retry's completion commits, the original's late body is rejected."""
+def test_timeout_retry_and_late_body(make_desk: DeskFactory) -> None:
+    """Timeout, retry, late body: the retry's completion commits, the original's is rejected."""
     desk = make_desk(bound=2)
     original = desk.acquire(7, 0)
     desk.expire(original)

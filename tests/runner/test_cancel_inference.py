@@ -1,5 +1,6 @@
-"""Cancel while the job waits for the model (seed 001): capacity stays counted until
-the backend confirms it is done with the request, then returns exactly once."""
+"""Cancel while the job waits for the model (docs/architecture.md §Admission): capacity
+stays counted until the backend confirms it is done with the request, then returns
+exactly once."""
 
 from __future__ import annotations
 

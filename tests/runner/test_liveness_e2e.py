@@ -2,7 +2,7 @@
 
 Redelivery while the first attempt runs, a whole worker SIGKILLed mid-job, and a
 worker paused past its heartbeat TTL: each ends with one committed result and every
-idempotency key applied once (DESIGN §8 "Job liveness", I1, I2, I7).
+idempotency key applied once (docs/architecture.md §Job; I1, I2, I7).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from tools.registry import TOOLS
 
 NOW = datetime(2025, 3, 4, 12, 0, 0, tzinfo=UTC)
 
-# Written out by hand from DESIGN §5, independently of tools.classifier.TABLE.
+# Written out by hand from docs/architecture.md §Retry table, independently of
+# tools.classifier.TABLE.
 _FAILURES = ("connect_error", "http_429", "http_5xx", "read_timeout", "connection_lost")
 _MUT = ("retry_once", "reconcile", "reconcile", "reconcile", "reconcile")
 _READ = ("retry_once", "retry_after_header", "retry_once", "retry_once", "retry_once")
@@ -72,7 +73,7 @@ def test_expected_table_covers_the_registry() -> None:
 
 @pytest.mark.parametrize(("tool", "failure", "decision"), CELLS)
 def test_every_cell_on_the_first_try(tool: str, failure: str, decision: str) -> None:
-    """Each tool x failure kind gives the DESIGN table's action on the first attempt."""
+    """Each tool x failure kind gives the documented table's action on the first attempt."""
     assert table_action(tool, failure) == decision
     got = _first_try(tool, failure)
     assert got.action == decision

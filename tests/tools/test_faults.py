@@ -150,9 +150,7 @@ def test_lost_response_is_reconciled_not_replayed(toolserver: ToolServer, tmp_pa
     assert len(applied_lines(toolserver, key)) == 1
 
 
-def test_seed_004_order_429_on_run_tests_never_replays_the_apply(
-    toolserver: ToolServer, tmp_path: Path
-) -> None:
+def test_429_after_an_apply_never_replays_the_apply(toolserver: ToolServer, tmp_path: Path) -> None:
     """apply_patch succeeds, run_tests gets 429: run_tests is retried after Retry-After,
     the buffered apply is never sent again, and it is applied exactly once."""
     stamp, slot_dir = leased(toolserver, tmp_path)

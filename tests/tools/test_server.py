@@ -1,4 +1,5 @@
-"""The tool server on a real port: seed 004's order, receipts, refusals, bad input."""
+"""The tool server on a real port: the replay of docs/architecture.md §Problem, receipts,
+refusals, bad input."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def log_lines(settings: Settings) -> list[dict[str, Any]]:
     return [json.loads(line) for line in settings.log_path.read_text().splitlines()]
 
 
-def test_seed_004_replay_into_recycled_slot_is_refused(
+def test_a_buffered_replay_into_a_recycled_slot_is_refused(
     toolserver: ToolServer, slots: Slots
 ) -> None:
     """A's buffered apply replayed after S7 was recycled to B is refused; B's tree untouched."""

@@ -1,8 +1,9 @@
 """One line of ``receipts.jsonl``: the record model, its status, and its line encoding.
 
-A record is one compact ASCII JSON object on one line (DESIGN §4); a line that is not
-one whole valid record reads as absent. The store that appends and reads these lines
-is :mod:`tools.receipts.log` and :mod:`tools.receipts.store`.
+A record is one compact ASCII JSON object on one line (docs/architecture.md
+§Receipts); a line that is not one whole valid record reads as absent. The store that
+appends and reads these lines is :mod:`tools.receipts.log` and
+:mod:`tools.receipts.store`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class Status(StrEnum):
 
 
 class Receipt(BaseModel):
-    """One line of ``receipts.jsonl``. Field order is the on-disk order of DESIGN §4."""
+    """One line of ``receipts.jsonl``, its fields in the on-disk order of
+    docs/architecture.md §Receipts."""
 
     # extra="ignore": a valid record carrying a field from a newer version must still
     # count as present; reading it as absent could let the key be applied a second time.

@@ -1,4 +1,6 @@
-"""The per-slot apply receipt store: ``slots/<slot_id>/receipts.jsonl`` (DESIGN §2 I2/I3, §4).
+"""The per-slot apply receipt store: ``slots/<slot_id>/receipts.jsonl`` (I2, I3).
+
+The record, its fields and its guarantees: docs/architecture.md §Receipts, §I2, §I3.
 
 One JSON object per line, append-only. A mutating call writes an ``intent`` line,
 durably, before its effect and an outcome line (``applied`` or ``failed``) after it::

@@ -1,9 +1,10 @@
 """The per-host tool server: FastAPI over :class:`tools.server.service.ToolService`.
 
-Endpoints (DESIGN §5): ``POST /v1/tools/{tool}``, ``GET /v1/receipts/{key}?slot=``,
-``GET /v1/slots``, ``GET /healthz``, ``GET /metrics``. One JSON log line per call,
-written before the reply is sent. Binds 127.0.0.1 unless told otherwise; off
-loopback it refuses to start without a token, and every request must carry it.
+Endpoints (docs/architecture.md §Tool API): ``POST /v1/tools/{tool}``,
+``GET /v1/receipts/{key}?slot=``, ``GET /v1/slots``, ``GET /healthz``,
+``GET /metrics``. One JSON log line per call, written before the reply is sent.
+Binds 127.0.0.1 unless told otherwise; off loopback it refuses to start without a
+token, and every request must carry it.
 """
 
 from __future__ import annotations

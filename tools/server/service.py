@@ -1,13 +1,12 @@
 """One tool call, from request body to reply, with no HTTP in sight.
 
-Order of checks (``docs/architecture.md``, "The path of one tool call"): the envelope
-first, under the slot lock (a stale or
-foreign envelope is refused even when its key has a receipt), then the key, then the
-path, then the effect. For a mutating call the intent is durable before the effect
-and the outcome durable before the reply (I3); a key that already has an outcome is
-answered from its receipt and never applied again (I2). The receipts' side (stores,
-resolution, lookup, recovery) is ``tools.server.receipts``; the effects themselves
-are ``tools.server.effects``.
+Order of checks (docs/architecture.md §Tool call): the envelope first, under the
+slot lock (a stale or foreign envelope is refused even when its key has a receipt),
+then the key, then the path, then the effect. For a mutating call the intent is
+durable before the effect and the outcome durable before the reply (I3); a key that
+already has an outcome is answered from its receipt and never applied again (I2). The
+receipts' side (stores, resolution, lookup, recovery) is ``tools.server.receipts``;
+the effects themselves are ``tools.server.effects``.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ step's call passes through it:
 
 ``replay_stale`` runs after its job finished: the step's recorded request is POSTed
 straight to the tool server with its old envelope and a fresh key, once the slot was
-leased again (seed 004's buffered apply). ``slow_redelivery`` is a job whose tests
-outlive the broker's visibility timeout; it fired when the log shows a watchdog copy.
+leased again (the buffered apply of docs/architecture.md §Problem).
+``slow_redelivery`` is a job whose tests outlive the broker's visibility timeout; it
+fired when the log shows a watchdog copy.
 """
 
 from __future__ import annotations

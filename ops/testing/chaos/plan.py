@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Fault kinds, in the brief's order of priority.
+# Fault kinds, the most important first.
 KILL_BEFORE_SEND = "kill_before_send"
 KILL_BEFORE_REPLY = "kill_before_reply"
 KILL_AFTER_REPLY = "kill_after_reply"

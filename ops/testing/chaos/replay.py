@@ -1,12 +1,12 @@
-"""Seed 004's buffered apply, replayed on purpose: an old envelope with a fresh key.
+"""A buffered apply replayed on purpose: an old envelope with a fresh key.
 
 After a job finished, one of its applied requests (as the fault proxy recorded it)
 is POSTed straight to the tool server again, with the envelope it carried then and
 a new idempotency key, once its slot was leased again: the generic retry layer of
-seed 004 that replays bytes it does not understand. The fence must refuse it (409
-``stale_generation`` / ``slot_job_mismatch`` / ``lease_expired``, I1); with the fence
-switched off it lands in another job's lease, and the detector and the verifier
-must both say so.
+docs/architecture.md §Problem, which replays bytes it does not understand. The fence
+must refuse it (409 ``stale_generation`` / ``slot_job_mismatch`` / ``lease_expired``,
+I1); with the fence switched off it lands in another job's lease, and the detector
+and the verifier must both say so.
 """
 
 from __future__ import annotations

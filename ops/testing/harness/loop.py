@@ -1,4 +1,6 @@
-"""The load harness: drive an OpenAI-compatible endpoint and split every clock (seed 003).
+"""The load harness: drive an OpenAI-compatible endpoint and split every clock.
+
+Why the clocks are split: docs/architecture.md §Testing tools.
 
 Closed loop (the default): ``C`` worker threads, each with one connection, each sending
 its next prompt only when its last one is finished; a prompt is *due* the moment a

@@ -1,9 +1,10 @@
 """What a load run measured and whether it may be published; pure functions, no I/O.
 
-Every attempt carries two clocks (seed 003): ``queue_wait_ms``, from the moment the
-attempt was *due* to the moment the harness *sent* it (time spent inside the harness),
-and ``service_ms``, the endpoint's own clock (``x-service-time-ms``). ``observed_ms`` is
-due-to-done, what a naive harness would publish. Successful first attempts and
+Every attempt carries two clocks (docs/architecture.md §Testing tools):
+``queue_wait_ms``, from the moment the attempt was *due* to the moment the harness
+*sent* it (time spent inside the harness), and ``service_ms``, the endpoint's own
+clock (``x-service-time-ms``). ``observed_ms`` is due-to-done, what a naive harness
+would publish. Successful first attempts and
 successful retries are two series and are never pooled into one percentile: pooled
 retry latencies are how phantom regressions are born. 429s and timeouts are counted
 beside the latency, not hidden from it.

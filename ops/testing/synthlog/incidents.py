@@ -22,7 +22,7 @@ INJECTIONS: dict[str, tuple[str, ...]] = {
     "duplicate": (Kind.DUPLICATE,),
     "unowned_slot": (Kind.UNOWNED,),
     "unowned_generation": (Kind.UNOWNED,),
-    "seed_replay": (Kind.STALE, Kind.DUPLICATE),  # seed 004: old envelope, same key
+    "seed_replay": (Kind.STALE, Kind.DUPLICATE),  # a buffered replay: old envelope, same key
 }
 GARBAGE = ("truncated_apply", "truncated_lease", "binary", "non_object", "missing_field")
 

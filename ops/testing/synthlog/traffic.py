@@ -175,7 +175,7 @@ class LogSynth:
                 receipt_generation=gen,
             )
         elif roll < 0.90 and s.prev_job is not None:
-            # The server refusing the seed-004 replay: an old envelope, nothing applied.
+            # The server refusing a buffered replay: an old envelope, nothing applied.
             self.result(
                 host,
                 slot_id,
