@@ -205,8 +205,9 @@ def run_once(fence: bool, scratch: Path) -> Timeline:
         before = _files(slot_b / "work")
         timeline.note(f"{b.slot_id} recycled to job-B at generation {b.generation}")
         url_apply = f"{settings.toolserver_url}/v1/tools/apply_patch"
-        # The seed's retry resent the buffered bytes: same key. The receipt store alone
-        # already answers that one from job-A's receipt (nothing is applied again).
+        # The retry layer of docs/architecture.md §Problem resent the buffered bytes:
+        # same key. The receipt store alone already answers that one from job-A's
+        # receipt (nothing is applied again).
         same = httpx.post(url_apply, json=body, timeout=30)
         what = same.json().get("error") or (
             "answered from job-A's receipt" if same.json().get("replayed") else "applied"
