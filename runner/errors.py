@@ -38,8 +38,10 @@ as a second base (marked ``+``)::
     ├── PlannerError                     runner.agent.planners: no usable completion
     │   └── PlannerStopped               the job was told to stop mid-request
     ├── SpecError  + ValueError          runner.jobs.submit: a job spec that cannot run
-    └── ResultCopyError                  runner.jobs.result_copy: a kept result that
-                                         cannot be read or parsed
+    ├── ResultCopyError                  runner.jobs.result_copy: a kept result that
+    │                                    cannot be read or parsed
+    └── CliError                         runner.cli.errors: a problem the command line
+                                         names itself (an unknown job, a bad spec file)
 
 Private control-flow exceptions (``runner.worker.attempt._Stopped``) never leave their
 module and are not part of the tree. ``tests/runner/test_errors.py`` checks that every

@@ -14,15 +14,10 @@ from runner.core.settings import SettingsError
 from runner.errors import RunnerError
 from runner.jobs.submit import SpecError
 
-# The CLI's own errors are its business (it catches RunnerError).
-_SKIP = ("runner.cli",)
-
 
 def _public_errors() -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(runner.__path__, "runner."):
-        if info.name.startswith(_SKIP):
-            continue
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if (
