@@ -26,6 +26,8 @@ class Reason(StrEnum):
     TOO_LARGE = "too_large"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     NOT_FOUND = "not_found"  # a read of a file the tree does not have
+    # The tool is not among those the job's lease may call (the spec's ``tools``).
+    TOOL_NOT_ALLOWED = "tool_not_allowed"
     # What the worker's client reports beyond the server's own reasons
     # (``tools.client``): a refusal whose body named no reason it knows, and a call
     # that was not sent or not answered and is not retried further.

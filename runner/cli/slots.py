@@ -99,18 +99,38 @@ def _table(stamps: list[Stamp]) -> Table:
 @click.option("--repo", default=None, help="Prepare the work tree from this repository.")
 @click.option("--base", default="HEAD", show_default=True, help="With --repo: the commit-ish.")
 @click.option("--wait", "wait_s", type=float, default=0.0, help="Seconds to wait for a free slot.")
-@click.option("--json", "as_json", is_flag=True, help="Print the stamp as JSON.")
+@click.option(
+    "--tool",
+    "tool_names",
+    multiple=True,
+    help="Allow only this tool (repeat for several; default: every tool).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the stamp, token and MCP URL as JSON.")
 def lease(
-    job_id: str, attempt: int, repo: str | None, base: str, wait_s: float, as_json: bool
+    job_id: str,
+    attempt: int,
+    repo: str | None,
+    base: str,
+    wait_s: float,
+    tool_names: tuple[str, ...],
+    as_json: bool,
 ) -> None:
-    """Lease a free slot to a job (and, with --repo, take its start snapshot)."""
+    """Lease a free slot to a job (and, with --repo, take its start snapshot).
+
+    Prints the lease's token and the MCP URL an agent uses it at: the token is shown
+    once and only its hash is kept.
+    """
     from runner.core.ids import JOB_ID_RULE, valid_job_id
+    from runner.jobs.models import unknown_tools
     from runner.workspace.workspaces import Workspaces
 
     if not valid_job_id(job_id):
         raise click.BadParameter(JOB_ID_RULE, param_hint="--job")
+    problem = unknown_tools(tool_names)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--tool")
     settings, pool = _pool()
-    stamp = pool.lease(job_id, attempt, wait_s=wait_s)
+    stamp = pool.lease(job_id, attempt, wait_s=wait_s, tools=tool_names or None)
     extra = {}
     if repo:
         try:
@@ -122,9 +142,11 @@ def lease(
             raise
         extra = {"start_tree": prepared.start_tree, "base_commit": prepared.base_commit}
     if as_json:
-        emit_json({**stamp.model_dump(), **extra})
+        emit_json({**stamp.model_dump(), **extra, "token": stamp.token, "mcp_url": stamp.mcp_url})
     else:
         click.echo(f"{stamp.slot_id} generation {stamp.generation} leased to {job_id}")
+        click.echo(f"mcp_url {stamp.mcp_url}")
+        click.echo(f"token   {stamp.token}")
 
 
 @slots.command("release")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.core.ids import JobId
+from tools import registry
 
 JobState = Literal["succeeded", "failed", "rejected", "cancelled"]
 
@@ -41,6 +43,14 @@ class OpenAIPlanner(_Model):
 Planner = Annotated[ScriptedPlanner | OpenAIPlanner, Field(discriminator="kind")]
 
 
+def unknown_tools(names: Iterable[str]) -> str | None:
+    """Why a list of tool names cannot narrow a job (names the registry lacks), or None."""
+    unknown = sorted({name for name in names if registry.get(name) is None})
+    if not unknown:
+        return None
+    return f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(sorted(registry.TOOLS))}"
+
+
 class JobSpec(_Model):
     job_id: JobId | None = None
     eval_run: str = Field(default="default", min_length=1, max_length=128)
@@ -51,6 +61,16 @@ class JobSpec(_Model):
     test_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     deadline_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
     max_steps: int = Field(default=50, ge=1, le=10_000)
+    # The tools the job's lease may call (docs/architecture.md §Job spec); None: all.
+    tools: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, value: list[str] | None) -> list[str] | None:
+        problem = None if value is None else unknown_tools(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("test_command")
     @classmethod

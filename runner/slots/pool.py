@@ -14,13 +14,14 @@ recycled between a call's check and its effect.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import redis
 from filelock import Timeout
+from pydantic import Field
 
 from runner.core import events, keys
 from runner.core.logs import EventLog
@@ -29,6 +30,7 @@ from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now, valid_slot_id, write_stamp
 from runner.errors import RunnerError
+from tools import tokens
 
 # Raise the Redis mirror only when the new value is larger: a stale writer can never
 # move a slot's generation backwards.
@@ -61,6 +63,28 @@ class UnknownSlot(SlotError):
 
 class SlotBusy(SlotError):
     """The slot's lock stayed held for longer than the caller would wait."""
+
+
+class Lease(Stamp):
+    """The stamp of a new lease, with the lease's token and the MCP URL to use it at
+    (``docs/architecture.md`` §Lease tokens).
+
+    Both are left out of every dump: writing this object as a stamp, or logging it,
+    never puts the token on disk or in a log. Only the lease's taker has it.
+    """
+
+    token: str = Field(default="", exclude=True, repr=False)
+    mcp_url: str = Field(default="", exclude=True)
+
+    # A lease is its stamp: equal to the stamp read back from the slot (Python asks
+    # the subclass first, whichever side it is on).
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Stamp):
+            return self.model_dump() == other.model_dump()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.model_dump().items()))
 
 
 class SlotPool:
@@ -139,22 +163,25 @@ class SlotPool:
         wait_s: float = 0.0,
         poll_s: float = 0.1,
         on_wait: Callable[[], None] | None = None,
-    ) -> Stamp:
+        tools: Iterable[str] | None = None,
+    ) -> Lease:
         """Lease a free slot to ``job_id``/``attempt``; wait up to ``wait_s`` for one.
 
         ``on_wait`` runs before each retry while waiting (the job runs the janitor and
-        checks for a cancel there); an exception from it ends the wait.
+        checks for a cancel there); an exception from it ends the wait. ``tools``
+        narrows what the lease may call (None: every tool); it is bound to the token.
         """
         self.ensure_layout()
         tries = 0
+        allowed = None if tools is None else tuple(tools)
 
-        def free_slot() -> Stamp | None:
+        def free_slot() -> Lease | None:
             nonlocal tries
             tries += 1
             if tries > 1 and on_wait is not None:
                 on_wait()  # between tries, after the sleep
             for slot_id in self.slot_ids():
-                stamp = self._try_lease(slot_id, job_id, attempt, ttl_s)
+                stamp = self._try_lease(slot_id, job_id, attempt, ttl_s, allowed)
                 if stamp is not None:
                     return stamp
             return None
@@ -167,8 +194,13 @@ class SlotPool:
             ) from None
 
     def _try_lease(
-        self, slot_id: str, job_id: str, attempt: int, ttl_s: float | None
-    ) -> Stamp | None:
+        self,
+        slot_id: str,
+        job_id: str,
+        attempt: int,
+        ttl_s: float | None,
+        tools: tuple[str, ...] | None,
+    ) -> Lease | None:
         path = self.settings.slots_dir / slot_id
         try:
             with slot_lock(path, timeout_s=0):
@@ -188,6 +220,16 @@ class SlotPool:
                     leased_at=iso(now),
                     lease_expires_at=iso(now + timedelta(seconds=ttl)),
                 )
+                # The token's record before the stamp: a lease never exists without it.
+                token = tokens.issue(
+                    path,
+                    host=self.settings.host,
+                    slot_id=slot_id,
+                    generation=generation,
+                    job_id=job_id,
+                    attempt=attempt,
+                    tools=tools,
+                )
                 # Local first: if Redis then loses the write, the stamp still holds the
                 # high-water mark and the next lease counts from it.
                 write_stamp(path, stamp)
@@ -201,7 +243,8 @@ class SlotPool:
             job_id=job_id,
             attempt=attempt,
         )
-        return stamp
+        url = tokens.mcp_url(self.settings.toolserver_url)
+        return Lease(**stamp.model_dump(), token=token, mcp_url=url)
 
     def renew(
         self,

@@ -25,7 +25,7 @@ from runner.jobs.models import JobResult, JobSpec, ScriptedPlanner
 from runner.jobs.results import finish
 from runner.slots.fence import LeaseLostError, fenced
 from runner.slots.lease_keeper import LeaseKeeper
-from runner.slots.pool import NoSlotFree, ReleaseRefused
+from runner.slots.pool import Lease, NoSlotFree, ReleaseRefused
 from runner.worker.context import WorkerContext
 from runner.worker.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
 from runner.workspace.git import WorkspaceError
@@ -66,6 +66,9 @@ class Attempt:
         self.keeper = keeper
         self.attempt = claimed.attempt
         self.submitted_at = claimed.submitted_at
+        # The slot's lease once taken: its token and MCP URL are what an agent outside
+        # this process is handed (docs/architecture.md §Lease tokens).
+        self.lease: Lease | None = None
 
     def stop_reason(self) -> str | None:
         if self.beat.superseded.is_set():
@@ -104,6 +107,7 @@ class Attempt:
                 self.attempt,
                 wait_s=backpressure.slot_wait_s(config.slot_wait_s, left_s, config.min_deadline_s),
                 on_wait=self.while_waiting,
+                tools=self.spec.tools,
             )
         except NoSlotFree as exc:
             return self.finish(
@@ -114,6 +118,7 @@ class Attempt:
             if stopped.reason == CANCELLED:
                 return self.finish(self.result("cancelled", "cancelled while waiting for a slot"))
             return self.superseded(self.result("failed", "superseded while waiting for a slot"))
+        self.lease = stamp
         self.keeper.hold(stamp)
         try:
             result = self.work(stamp)
