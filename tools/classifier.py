@@ -9,6 +9,7 @@ deadline. It is a pure function: the caller passes the clock readings in.
     mutating     retry_once     reconcile                reconcile     reconcile     reconcile
     read         retry_once     retry_after_header       retry_once    retry_once    retry_once
     tests        retry_once     retry_only_with_receipt  do_not_retry  do_not_retry  do_not_retry
+    exec         retry_once     do_not_retry             do_not_retry  do_not_retry  do_not_retry
     (unknown tool: do_not_retry for every failure, even connect_error)
 
 ``connect_error`` means nothing was sent, so a second try cannot apply anything
@@ -18,7 +19,9 @@ response), and even a 429 is only a claim we cannot check without the receipt. S
 the answer is ``reconcile`` (look the idempotency key up in the receipt store),
 never a blind replay. ``retry_only_with_receipt`` means the retry must carry the
 same idempotency key, so a server that did run the tests answers with the original
-receipt instead of running them again.
+receipt instead of running them again. ``exec`` runs any command, so nothing sent is
+ever sent again; the client settles a lost outcome by looking the key up, without a
+resend (``tools.client``), and an intent with no outcome stays ``outcome_unknown``.
 
 Every number of every retry lives below the table, here and nowhere else; the
 client's loops (``tools.client``) take theirs from this module::
@@ -103,6 +106,15 @@ TABLE: Mapping[RetryClass, Mapping[FailureKind, Action]] = MappingProxyType(
             {
                 _F.CONNECT_ERROR: _A.RETRY_ONCE,
                 _F.HTTP_429: _A.RETRY_ONLY_WITH_RECEIPT,
+                _F.HTTP_5XX: _A.DO_NOT_RETRY,
+                _F.READ_TIMEOUT: _A.DO_NOT_RETRY,
+                _F.CONNECTION_LOST: _A.DO_NOT_RETRY,
+            }
+        ),
+        RetryClass.EXEC: MappingProxyType(
+            {
+                _F.CONNECT_ERROR: _A.RETRY_ONCE,
+                _F.HTTP_429: _A.DO_NOT_RETRY,
                 _F.HTTP_5XX: _A.DO_NOT_RETRY,
                 _F.READ_TIMEOUT: _A.DO_NOT_RETRY,
                 _F.CONNECTION_LOST: _A.DO_NOT_RETRY,
@@ -245,6 +257,19 @@ def classify(
     if elapsed_s + delay_s > deadline_s:
         return Decision(Action.DO_NOT_RETRY, 0.0, Why.DEADLINE)
     return Decision(action, delay_s, Why.TABLE)
+
+
+def settled_by_receipt(tool: str, failure: FailureKind | str) -> bool:
+    """After a ``do_not_retry`` of a call that may have been received (anything but
+    ``connect_error``) of a tool that is never resent (``exec``): look its key up, and
+    answer from its outcome if there is one; never send it again."""
+    spec = TOOLS.get(tool)
+    kind = _failure_kind(failure)
+    return (
+        spec is not None
+        and spec.retry_class is RetryClass.EXEC
+        and kind is not FailureKind.CONNECT_ERROR
+    )
 
 
 def table_rows() -> list[dict[str, str | bool]]:

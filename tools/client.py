@@ -7,8 +7,9 @@ the only place that says *whether* to retry. A mutating call whose outcome is
 unknown is resolved by reading its receipt (``reconcile``), never by replaying it
 blindly; a resend happens only when the receipt store proves it never applied and
 the lease is still live, and it carries the same key, so the server keeps it at
-most once. The errors (:class:`ToolCallError` and its four kinds) are drawn in
-``tools.errors``; each carries a :class:`tools.reasons.Reason`.
+most once; an ``exec`` is never resent once sent, only looked up. The errors
+(:class:`ToolCallError` and its four kinds) are drawn in ``tools.errors``; each
+carries a :class:`tools.reasons.Reason`.
 """
 
 from __future__ import annotations
@@ -173,10 +174,12 @@ class ToolClient:
                         self._check_local(envelope, slot_dir, mutating)
                     return self._attempt(envelope, body, slot_dir, attempt, started, deadline_s)
         except _Failure as exc:
-            if exc.decision.action == Action.RECONCILE:
-                self.decisions[Action.RECONCILE.value] += 1
-                return self._reconcile(envelope, body, slot_dir, started, deadline_s, exc)
             self.decisions[exc.decision.action.value] += 1
+            settle = classifier.settled_by_receipt(envelope.tool, exc.kind)
+            if exc.decision.action == Action.RECONCILE or settle:
+                return self._reconcile(
+                    envelope, body, slot_dir, started, deadline_s, exc, resend=not settle
+                )
             raise TransportFailed(
                 f"{envelope.tool} failed: {exc} ({exc.decision.reason})", exc.kind
             ) from None
@@ -207,7 +210,8 @@ class ToolClient:
         tool = envelope.tool
         try:
             headers = {RETRY_HEADER: self._last_decision} if attempt > 1 else None
-            response = self.http.post(f"/v1/tools/{tool}", json=body, headers=headers)
+            wait = registry.reply_timeout_s(tool, body["args"]) or httpx.USE_CLIENT_DEFAULT
+            response = self.http.post(f"/v1/tools/{tool}", json=body, headers=headers, timeout=wait)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._failure(
                 tool, FailureKind.CONNECT_ERROR, attempt, started, deadline_s, None, exc
@@ -291,11 +295,15 @@ class ToolClient:
         started: float,
         deadline_s: float,
         failure: _Failure,
+        *,
+        resend: bool = True,
     ) -> ToolResponse:
         """Sent, no answer: ask the receipt store; resend only what provably never applied.
 
         Runs until the deadline: the server may be restarting (a crash between intent
         and outcome), and its receipt store is the only authority on what happened.
+        Without ``resend`` (``exec``) only an outcome on record settles it (a command
+        still running holds the slot lock, so its lookup answers once it has ended).
         """
         if not envelope.idempotency_key:
             raise OutcomeUnknown(f"{envelope.tool}: {failure} and the call has no idempotency key")
@@ -318,7 +326,7 @@ class ToolClient:
                     found = self._lookup(envelope)
                     if found is not None:
                         return found
-                    if resends >= classifier.MAX_RESENDS:
+                    if not resend or resends >= classifier.MAX_RESENDS:
                         break
                     # Absent: it never applied. Resend the same key, only while our
                     # lease is live; the server's put-if-absent keeps it at most once.
@@ -339,10 +347,10 @@ class ToolClient:
                     return _decode(response)
         except (httpx.TransportError, _Unsettled):
             pass
-        raise OutcomeUnknown(
-            f"{envelope.tool} ({envelope.idempotency_key}): {failure}; "
-            "the receipt store could not settle it before the deadline"
-        )
+        why = "the receipt store could not settle it before the deadline"
+        if not resend:
+            why = "not resent, and the receipt store holds no outcome for it"
+        raise OutcomeUnknown(f"{envelope.tool} ({envelope.idempotency_key}): {failure}; {why}")
 
 
 def _stamp_pid(request: httpx.Request) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Size limits. A write or a patch larger than this is refused with 413 before any
 # byte reaches the slot; 16 MiB of source is far past what an agent writes in one call.
@@ -19,6 +20,15 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_PATCH_BYTES = 16 * 1024 * 1024
 MAX_PATH_CHARS = 4096
 MAX_MESSAGE_CHARS = 64 * 1024
+# exec (docs/architecture.md §Exec tool): the command's length, its wall-clock bound
+# (a default, and the server's maximum: a larger timeout_s is refused, not cut), and
+# the output kept (head and tail, the middle dropped), in the reply and in the receipt
+# alike, so a replay answers exactly what the first call did and a receipt line stays
+# small.
+MAX_COMMAND_CHARS = 64 * 1024
+DEFAULT_EXEC_TIMEOUT_S = 60.0
+MAX_EXEC_TIMEOUT_S = 600.0
+EXEC_OUTPUT_BYTES = 32 * 1024
 
 
 class RetryClass(StrEnum):
@@ -27,6 +37,7 @@ class RetryClass(StrEnum):
     MUTATING = "mutating"  # never transport-retried once a byte was sent
     READ = "read"  # 429 -> Retry-After; 5xx/timeout -> once
     TESTS = "tests"  # 429 -> only with a receipt; otherwise not at all
+    EXEC = "exec"  # never once sent; a lost outcome is settled from the receipt
 
 
 class _Args(BaseModel):
@@ -63,6 +74,32 @@ class CommitArgs(_Args):
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
 
 
+class ExecArgs(_Args):
+    command: str = Field(
+        min_length=1,
+        max_length=MAX_COMMAND_CHARS,
+        description="a bash command line, run with bash -c in the work tree's root",
+    )
+    timeout_s: float = Field(
+        default=DEFAULT_EXEC_TIMEOUT_S,
+        gt=0,
+        le=MAX_EXEC_TIMEOUT_S,
+        strict=True,  # a number, not "5" and not true
+        allow_inf_nan=False,
+        description=f"wall-clock seconds before the command is killed (at most "
+        f"{MAX_EXEC_TIMEOUT_S:g})",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _runnable(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain a NUL character")
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
@@ -84,6 +121,8 @@ TOOLS: dict[str, ToolSpec] = {
         ToolSpec("git_commit", True, RetryClass.MUTATING, CommitArgs),
         # Tests can write caches and build outputs into the tree: mutating.
         ToolSpec("run_tests", True, RetryClass.TESTS, NoArgs),
+        # Any command: mutating, and never run twice for one key.
+        ToolSpec("exec", True, RetryClass.EXEC, ExecArgs),
     )
 }
 
@@ -92,3 +131,18 @@ MUTATING_TOOLS = frozenset(name for name, spec in TOOLS.items() if spec.mutating
 
 def get(name: str) -> ToolSpec | None:
     return TOOLS.get(name)
+
+
+# Beyond an exec's own timeout_s: the sandbox's start, its kill and the receipt writes.
+EXEC_REPLY_MARGIN_S = 30.0
+
+
+def reply_timeout_s(tool: str, args: Any) -> float | None:
+    """How long a caller waits for the reply of a call that may outlast its default
+    read timeout (an ``exec`` runs up to its ``timeout_s``); None for every other call."""
+    if tool != "exec" or not isinstance(args, dict):
+        return None
+    wanted = args.get("timeout_s", DEFAULT_EXEC_TIMEOUT_S)
+    if isinstance(wanted, bool) or not isinstance(wanted, int | float):
+        return None  # the server refuses it at once (422)
+    return min(float(wanted), MAX_EXEC_TIMEOUT_S) + EXEC_REPLY_MARGIN_S

@@ -22,6 +22,7 @@ from tools.classifier import (
     classify,
     format_table,
     parse_retry_after,
+    settled_by_receipt,
     table_action,
     table_rows,
 )
@@ -35,6 +36,7 @@ _FAILURES = ("connect_error", "http_429", "http_5xx", "read_timeout", "connectio
 _MUT = ("retry_once", "reconcile", "reconcile", "reconcile", "reconcile")
 _READ = ("retry_once", "retry_after_header", "retry_once", "retry_once", "retry_once")
 _TESTS = ("retry_once", "retry_only_with_receipt", "do_not_retry", "do_not_retry", "do_not_retry")
+_EXEC = ("retry_once", "do_not_retry", "do_not_retry", "do_not_retry", "do_not_retry")
 EXPECTED: dict[str, tuple[bool, tuple[str, ...]]] = {
     "apply_patch": (True, _MUT),
     "write_file": (True, _MUT),
@@ -45,6 +47,7 @@ EXPECTED: dict[str, tuple[bool, tuple[str, ...]]] = {
     "list_dir": (False, _READ),
     "git_status": (False, _READ),
     "run_tests": (True, _TESTS),
+    "exec": (True, _EXEC),
 }
 CELLS = [
     (tool, failure, decision)
@@ -105,6 +108,14 @@ def test_format_table_lists_every_tool_and_the_unknown_row() -> None:
         line = next(line for line in lines if line.split()[0] == tool)
         assert line.split()[2:] == list(row)
     assert lines[-1].split()[-5:] == ["do_not_retry"] * 5
+
+
+def test_only_a_sent_exec_is_settled_by_its_receipt() -> None:
+    """exec after anything was sent: look the key up, never resend; nothing else is."""
+    for tool in [*TOOLS, "nope"]:
+        for failure in _FAILURES:
+            expected = tool == "exec" and failure != "connect_error"
+            assert settled_by_receipt(tool, failure) is expected, (tool, failure)
 
 
 @pytest.mark.parametrize("failure", _FAILURES)

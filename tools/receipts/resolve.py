@@ -10,10 +10,23 @@ from __future__ import annotations
 from tools import builtin, paths
 from tools.receipts.store import Receipt
 
+# Tools whose effect no tree can prove or disprove: an ``exec`` command may have done
+# anything, or nothing, before the server died. Its open intent is never judged: it
+# stays outcome unknown, and its key is never run again (docs/architecture.md
+# §Exec tool).
+UNJUDGED = frozenset({"exec"})
+
+
+def judged(tool: str) -> bool:
+    """Whether an open intent of ``tool`` may be settled from the tree (or run again)."""
+    return tool not in UNJUDGED
+
 
 def observe(ctx: builtin.Context, intent: Receipt) -> bool:
-    """True when the tree shows the intent's effect in place."""
+    """True when the tree shows the intent's effect in place (never for ``UNJUDGED``)."""
     tool = intent.tool
+    if not judged(tool):
+        return False
     try:
         if tool == "write_file":
             return (

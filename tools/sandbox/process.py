@@ -3,7 +3,9 @@
 The command runs behind a tiny Python shim that sets the rlimits and ``exec``s it
 (no ``preexec_fn``, which can deadlock a threaded server between fork and exec);
 both pipes are read incrementally, each stream kept to ``output_bytes``; a wall-clock
-deadline, and the command's own exit, kill its process group and pids cgroup.
+deadline, and the command's own exit, kill its process group and pids cgroup. With
+``merged`` (the ``exec`` tool) stdout and stderr are one pipe, so the output keeps the
+order the command wrote it in, and the kept part is its head and its tail.
 """
 
 from __future__ import annotations
@@ -63,6 +65,39 @@ class Outcome:
     truncated: bool
 
 
+class _Capture:
+    """One stream's bytes, at most ``limit`` of them kept: the head, and with ``tail`` the
+    last part as well (the middle is dropped and counted, and a marker says so)."""
+
+    def __init__(self, limit: int, tail: bool) -> None:
+        self.tail_room = limit // 2 if tail else 0
+        self.head_room = limit - self.tail_room
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        take = max(self.head_room - len(self.head), 0)
+        self.head += chunk[:take]
+        rest = chunk[take:]
+        if not rest:
+            return
+        if not self.tail_room:
+            self.dropped += len(rest)
+            return
+        self.tail += rest
+        over = len(self.tail) - self.tail_room
+        if over > 0:
+            del self.tail[:over]
+            self.dropped += over
+
+    def data(self) -> bytes:
+        if not self.dropped or not self.tail_room:
+            return bytes(self.head + self.tail)
+        marker = f"\n[... {self.dropped} bytes of output omitted ...]\n".encode()
+        return bytes(self.head) + marker + bytes(self.tail)
+
+
 def _exited(pid: int) -> bool:
     """Has the child exited? Without reaping it, so its pid cannot be reused meanwhile."""
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
@@ -81,7 +116,11 @@ def execute(
     env: Mapping[str, str],
     limits: Limits,
     cgroup: PidsCgroup | None,
+    *,
+    merged: bool = False,
 ) -> Outcome:
+    """Run ``command`` (bounded, killed with everything it started); with ``merged`` its
+    stderr goes into its stdout pipe and ``Outcome.stderr`` is empty."""
     spec = ",".join(f"{n}:{s}:{h}" for n, s, h in rlimits(limits, cgroup is None))
     procs = str(cgroup.procs_file) if cgroup is not None else ""
     shim = [sys.executable, "-I", "-S", "-c", _SHIM, procs, spec, *command]
@@ -91,12 +130,13 @@ def execute(
         env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
         start_new_session=True,
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    truncated = timed_out = killed = False
+    assert proc.stdout is not None
+    streams = [proc.stdout] if proc.stderr is None else [proc.stdout, proc.stderr]
+    buffers = {s.fileno(): _Capture(limits.output_bytes, tail=merged) for s in streams}
+    timed_out = killed = False
     deadline = time.monotonic() + limits.wall_s
     pidfd = os.pidfd_open(proc.pid)  # readable once the child exits: no polling
     try:
@@ -132,9 +172,7 @@ def execute(
                     if not chunk:
                         sel.unregister(fd)
                         continue
-                    room = limits.output_bytes - len(buffers[fd])
-                    truncated = truncated or len(chunk) > room
-                    buffers[fd] += chunk[: max(room, 0)]
+                    buffers[fd].add(chunk)
         os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
         _kill_tree(proc, cgroup)  # before reaping, while its group id cannot be reused
         returncode = proc.wait()
@@ -143,7 +181,8 @@ def execute(
             _kill_tree(proc, cgroup)
             proc.wait()
         os.close(pidfd)
-        proc.stdout.close()
-        proc.stderr.close()
-    out, err = (bytes(b) for b in buffers.values())
-    return Outcome(returncode, timed_out, out, err, truncated)
+        for stream in streams:
+            stream.close()
+    out, *err = (capture.data() for capture in buffers.values())
+    truncated = any(capture.dropped for capture in buffers.values())
+    return Outcome(returncode, timed_out, out, err[0] if err else b"", truncated)

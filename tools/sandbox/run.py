@@ -100,13 +100,16 @@ def run(
     expose: Sequence[Path] = (),
     env: Mapping[str, str] | None = None,
     path_env: str | None = None,
+    merged: bool = False,
 ) -> SandboxResult:
     """Run ``argv`` with ``work`` as its (read-write) working tree, contained.
 
     ``hide`` lists host directories shown empty inside the sandbox (the caller passes
     ``$SLOTRUNNER_HOME``; ``work`` may lie inside one: it is mounted afterwards, at
     :data:`WORK_PATH`). ``env`` adds to the minimal environment. Each of stdout and
-    stderr keeps at most ``limits.output_bytes``; the rest is read and dropped.
+    stderr keeps at most ``limits.output_bytes``; the rest is read and dropped. With
+    ``merged`` both go to one pipe, in order, into ``stdout`` (its head and tail kept,
+    the middle dropped with a marker); ``stderr`` is then empty.
     Raises :class:`SandboxUnavailable` when ``mode="required"`` and bwrap is missing
     or fails its self-test, and :class:`ToolError` (``malformed``) for bad input.
     """
@@ -139,7 +142,7 @@ def run(
         command = bwrap_argv(test.bwrap, work, root_entries(), hidden, shown) + command
     started = time.monotonic()
     try:
-        outcome = execute(command, work, full_env, limits, cgroup)
+        outcome = execute(command, work, full_env, limits, cgroup, merged=merged)
     finally:
         if cgroup is not None:
             cgroup.remove()

@@ -2,7 +2,9 @@
 
 The intent of a mutating call holds enough to tell, from the tree alone, whether its
 effect happened (``tools.receipts.resolve``): the path and the digests before and
-after, the patch's hash, the head before a commit.
+after, the patch's hash, the head before a commit. An ``exec`` intent records nothing
+more: no tree can prove what a command did, so its open intent is never judged
+(``tools.receipts.resolve.UNJUDGED``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tools import builtin, paths
+from tools import builtin, paths, shell
 from tools.envelope import Envelope
 
 
@@ -43,6 +45,8 @@ def intent_fields(tool: str, ctx: builtin.Context, args: Any) -> dict[str, Any]:
 
 def run_tool(tool: str, ctx: builtin.Context, args: Any, envelope: Envelope) -> dict[str, Any]:
     """Run one registered tool on the slot's tree; its result, or a ToolError."""
+    if tool == "exec":
+        return shell.exec_command(ctx, args)
     if tool == "run_tests":
         return builtin.run_tests(ctx, args, job_id=envelope.job_id, generation=envelope.generation)
     fn: Callable[[builtin.Context, Any], dict[str, Any]] = getattr(builtin, tool)

@@ -4,7 +4,8 @@ writes, an open intent resolved from the tree, the receipt lookup and start-up r
 An intent with no outcome means the process died (or the reply was lost) between
 the two records. It is turned into ``applied`` only when the tree proves the effect
 happened (``tools.receipts.resolve.observe``); otherwise it stays open, so a resend
-of the same key applies it exactly once (I2, I3).
+of the same key applies it exactly once (I2, I3). An ``exec`` intent is never judged:
+it stays open as outcome unknown, and its key never runs again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from runner.core.slot_lock import slot_lock
 from runner.core.stamp import valid_slot_id
 from tools import builtin
 from tools.reasons import Reason
-from tools.receipts.resolve import observe
+from tools.receipts.resolve import judged, observe
 from tools.receipts.store import Receipt, ReceiptDurabilityError, ReceiptStore, Status
 from tools.server.reply import Reply, refused
 
@@ -95,6 +96,17 @@ class SlotReceipts:
         store = self.store(slot_id)
         with slot_lock(slot_dir):
             receipt = store.lookup(key)
+            if receipt is not None and receipt.status == Status.INTENT and not judged(receipt.tool):
+                return Reply(
+                    409,
+                    {
+                        "error": Reason.OUTCOME_UNKNOWN.value,
+                        "status": "unknown",
+                        "key": key,
+                        "message": f"{receipt.tool} started and its outcome was never recorded",
+                    },
+                    events.OUTCOME_READ,
+                )
             if receipt is not None and receipt.status == Status.INTENT:
                 try:
                     receipt = self.resolve(builtin.Context(slot_dir, self.settings), store, receipt)
@@ -136,9 +148,13 @@ class SlotReceipts:
                             "tool": intent.tool,
                             "job_id": intent.job_id,
                             "generation": intent.generation,
-                            "resolution": "applied"
-                            if after.status == Status.APPLIED
-                            else "not_applied",
+                            "resolution": _resolution(after),
                         }
                     )
         return resolved
+
+
+def _resolution(after: Receipt) -> str:
+    if after.status == Status.APPLIED:
+        return "applied"
+    return "not_applied" if judged(after.tool) else Reason.OUTCOME_UNKNOWN.value

@@ -53,6 +53,24 @@ def replayed(receipt: Receipt, log: dict[str, Any]) -> Reply:
     )
 
 
+def outcome_unknown(intent: Receipt, log: dict[str, Any]) -> Reply:
+    """An open intent no tree can settle (``exec``): 409, and nothing is run again."""
+    log.update(receipt_job=intent.job_id, receipt_generation=intent.generation)
+    return Reply(
+        409,
+        {
+            "error": Reason.OUTCOME_UNKNOWN.value,
+            "message": f"{intent.tool} with key {intent.key!r} started at {intent.ts} and its "
+            "outcome was never recorded (the tool server stopped during it); it may have "
+            "run in part or in whole, and it is never run again",
+            "receipt": intent.to_wire(),
+        },
+        events.OUTCOME_REFUSED,
+        Reason.OUTCOME_UNKNOWN.value,
+        log,
+    )
+
+
 def describe(exc: ValidationError) -> str:
     """The first few validation errors, one line: ``where: what; ...``."""
     parts = []

@@ -25,14 +25,16 @@ from runner.core.durable import Fsync, os_fsync
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, read_stamp, utc_now, valid_slot_id, write_stamp
-from tools import builtin, paths, registry
+from tools import builtin, paths, registry, shell
 from tools.envelope import Envelope
 from tools.errors import ToolError
 from tools.reasons import Reason
+from tools.receipts.resolve import judged
 from tools.receipts.store import KeyBoundToOtherJob, ReceiptDurabilityError, ReceiptStore, Status
+from tools.sandbox.policy import SandboxUnavailable
 from tools.server.effects import intent_fields, run_tool
 from tools.server.receipts import SlotReceipts
-from tools.server.reply import Reply, describe, refused, replayed
+from tools.server.reply import Reply, describe, outcome_unknown, refused, replayed
 from tools.server.seams import CallHooks, Fence, envelope_fence
 
 
@@ -177,6 +179,12 @@ class ToolService:
             return refused(403, Reason.OUTSIDE_WORKSPACE, exc.message, **log)
         except builtin.ToolFailed as exc:
             return refused(422, Reason.MALFORMED, exc.message, **log)
+        if spec.name == "exec" and store.lookup(envelope.idempotency_key) is None:
+            # Fail closed before any intent: exec never falls back to running unconfined.
+            try:
+                shell.require_sandbox(self.settings)
+            except SandboxUnavailable as exc:
+                return refused(409, Reason.SANDBOX_UNAVAILABLE, exc.message, **log)
         try:
             begun = self.receipts.timed(
                 store.begin,
@@ -196,6 +204,9 @@ class ToolService:
         if not begun.fresh:
             if receipt.status != Status.INTENT:
                 return replayed(receipt, log)
+            if not judged(spec.name):
+                # exec: the command may have run, in part or whole; never run it again.
+                return outcome_unknown(receipt, log)
             # An intent with no outcome: a crash or a lost reply. Look at the tree.
             try:
                 resolved = self.receipts.resolve(ctx, store, receipt)
@@ -231,7 +242,7 @@ class ToolService:
         except ReceiptDurabilityError as exc:
             return self._poison(ctx, exc, log)
         log.update(receipt_job=done.job_id, receipt_generation=done.generation)
-        if spec.name == "run_tests" and result is not None:
+        if spec.name in ("run_tests", "exec") and result is not None:
             # I9: the mode actually used is on the record, and an unsandboxed run says so.
             log["sandbox"] = result.get("sandbox")
             if result.get("sandbox_warning"):
