@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import detector, e2e, memory, pipeline, receipts, recycle, sandbox_start
+from bench import detector, e2e, mcp_call, memory, pipeline, receipts, recycle, sandbox_start
 from bench.fixtures import REPO_ROOT, Context
 from bench.machine import describe
 from bench.report import render
@@ -33,6 +33,7 @@ from runner.redis_server import EmbeddedRedis
 
 BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "pipeline": pipeline.run,
+    "mcp": mcp_call.run,
     "recycle": recycle.run,
     "receipts": receipts.run,
     "detector": detector.run,

@@ -132,6 +132,24 @@ def test_failed_tests_fail_the_job(stack: tuple[Settings, Child], tmp_path: Path
     assert result.state == "failed" and "tests failed" in (result.reason or "")
 
 
+def test_a_job_narrowed_to_some_tools_is_refused_the_others(
+    stack: tuple[Settings, Child], tmp_path: Path
+) -> None:
+    """The spec's tools bind the job's lease: a step calling another tool is refused."""
+    settings, worker = stack
+    repo = tmp_path / "repo"
+    base = make_repo(repo, {"pkg/lock.py": "held_by = None\n"})
+    body = spec(repo, base, "e2e-narrow", tools=["read_file", "write_file"])
+    app = create_app(settings)
+    client = redis.Redis.from_url(settings.redis_url or "", decode_responses=True)
+    submit(app, client, body)
+    result = wait_for(client, ["e2e-narrow"], timeout_s=90).get("e2e-narrow")
+    assert result is not None, worker.tail()
+    assert [s.outcome for s in result.steps] == ["read", "refused"], result.steps
+    assert result.state == "failed" and "tool_not_allowed" in (result.steps[1].detail or "")
+    assert "held_by = None" in (repo / "pkg/lock.py").read_text() and not result.diff
+
+
 def run_cli(
     settings: Settings, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:

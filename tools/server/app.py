@@ -12,14 +12,16 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runner.core import events
@@ -27,10 +29,12 @@ from runner.core.durable import Fsync, os_fsync
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
 from runner.core.stamp import read_stamp
-from tools import registry
+from tools import registry, tokens
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.sandbox import run as sandbox
+from tools.server.dispatch import Dispatcher
+from tools.server.mcp import McpDoor
 from tools.server.metrics import ToolMetrics
 from tools.server.reply import Reply, refused
 from tools.server.seams import CallHooks, Fence, envelope_fence
@@ -80,7 +84,9 @@ class _Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._refusal(scope["headers"])
+        # The MCP door is authenticated by the caller's lease token alone
+        # (tools.server.mcp.BearerAuth), which its Authorization header carries.
+        refusal = self._refusal(scope["headers"], check_token=scope["path"] != tokens.MCP_PATH)
         if refusal is None:
             await self.app(scope, receive, send)
             return
@@ -97,11 +103,13 @@ class _Guard:
         )
         await send({"type": "http.response.body", "body": body})
 
-    def _refusal(self, raw_headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes] | None:
+    def _refusal(
+        self, raw_headers: list[tuple[bytes, bytes]], *, check_token: bool
+    ) -> tuple[int, bytes] | None:
         headers: dict[bytes, bytes] = {}
         for name, value in raw_headers:
             headers.setdefault(name.lower(), value)  # the first of repeated headers, as Starlette
-        if self.token is not None:
+        if self.token is not None and check_token:
             given = headers.get(TOKEN_HEADER.encode()) or headers.get(
                 b"authorization", b""
             ).removeprefix(b"Bearer ")
@@ -147,8 +155,15 @@ def create_app(
         fsync=fsync,
         hooks=hooks,
     )
-    gate = threading.BoundedSemaphore(max_concurrent)
-    app = FastAPI(title="slotrunner tool server", version="0.1.0")
+    dispatcher = Dispatcher(service, metrics, event_log, max_concurrent)
+    mcp = McpDoor(settings, dispatcher)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with mcp.running():
+            yield
+
+    app = FastAPI(title="slotrunner tool server", version="0.1.0", lifespan=lifespan)
     app.state.service = service
     app.state.sandbox = sandbox.self_test() if settings.sandbox != "off" else None
     app.state.recovered = service.recover()
@@ -157,21 +172,10 @@ def create_app(
 
     app.add_middleware(_Guard, token=settings.token)
 
-    def respond(tool: str, reply: Reply, started: float) -> Response:
-        fields = dict(reply.log)
-        fields.setdefault("tool", tool)
-        fields.setdefault("queue_wait_ms", 0.0)
-        fields.setdefault("service_ms", round((time.monotonic() - started) * 1000.0, 2))
-        if reply.reason:
-            fields["reason"] = reply.reason
-        # The log line goes out before the reply: the detector must never miss an
-        # apply whose caller already saw success.
-        event_log.emit(
-            events.TOOL_RESULT, outcome=reply.outcome, http_status=reply.http_status, **fields
-        )
-        metrics.calls.labels(tool, reply.outcome).inc()
-        if reply.outcome == events.OUTCOME_REFUSED and reply.reason:
-            metrics.refusals.labels(reply.reason).inc()
+    # The MCP door at exactly /mcp (a Route, not a mount: /mcp/ redirects to it).
+    app.router.routes.append(Route(tokens.MCP_PATH, endpoint=mcp.endpoint))
+
+    def respond(reply: Reply) -> Response:
         headers = {"Retry-After": str(RETRY_AFTER_S)} if reply.http_status == 429 else None
         return JSONResponse(reply.body, reply.http_status, headers=headers)
 
@@ -183,31 +187,14 @@ def create_app(
             metrics.retries.labels(decision[:40]).inc()
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
-            return respond(
-                tool,
-                refused(413, Reason.TOO_LARGE, f"body exceeds {MAX_BODY_BYTES} bytes"),
-                started,
-            )
+            too_large = refused(413, Reason.TOO_LARGE, f"body exceeds {MAX_BODY_BYTES} bytes")
+            return respond(dispatcher.finish(tool, too_large, started))
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
-            return respond(
-                tool, refused(422, Reason.MALFORMED, f"the body is not JSON: {exc}"), started
-            )
-        if not gate.acquire(blocking=False):
-            return respond(
-                tool,
-                refused(429, Reason.SATURATED, "the tool server is saturated; retry later"),
-                started,
-            )
-        metrics.in_flight.inc()
-        try:
-            reply = await run_in_threadpool(service.call, tool, payload)
-        finally:
-            metrics.in_flight.dec()
-            gate.release()
-        metrics.service_s.labels(tool).observe(time.monotonic() - started)
-        return respond(tool, reply, started)
+            malformed = refused(422, Reason.MALFORMED, f"the body is not JSON: {exc}")
+            return respond(dispatcher.finish(tool, malformed, started))
+        return respond(await dispatcher.call(tool, payload, started))
 
     @app.get("/v1/receipts/{key}")
     async def get_receipt(key: str, slot: str) -> Response:
