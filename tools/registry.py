@@ -44,12 +44,16 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# How a path is given, in every tool's JSON schema (tools.server.mcp).
+_PATH = "a path relative to the work tree's root, such as src/app.py"
+
+
 class PathArgs(_Args):
-    path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+    path: str = Field(min_length=1, max_length=MAX_PATH_CHARS, description=_PATH)
 
 
 class ListDirArgs(_Args):
-    path: str = Field(default=".", min_length=1, max_length=MAX_PATH_CHARS)
+    path: str = Field(default=".", min_length=1, max_length=MAX_PATH_CHARS, description=_PATH)
 
 
 class NoArgs(_Args):
@@ -57,21 +61,23 @@ class NoArgs(_Args):
 
 
 class WriteFileArgs(_Args):
-    path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
-    content: str = Field(max_length=MAX_FILE_BYTES)
+    path: str = Field(min_length=1, max_length=MAX_PATH_CHARS, description=_PATH)
+    content: str = Field(max_length=MAX_FILE_BYTES, description="the file's whole new text")
 
 
 class ApplyPatchArgs(_Args):
-    patch: str = Field(min_length=1, max_length=MAX_PATCH_BYTES)
+    patch: str = Field(
+        min_length=1, max_length=MAX_PATCH_BYTES, description="a unified diff (git diff)"
+    )
 
 
 class MoveArgs(_Args):
-    src: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
-    dst: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+    src: str = Field(min_length=1, max_length=MAX_PATH_CHARS, description=_PATH)
+    dst: str = Field(min_length=1, max_length=MAX_PATH_CHARS, description=_PATH)
 
 
 class CommitArgs(_Args):
-    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="the message")
 
 
 class ExecArgs(_Args):
@@ -127,6 +133,28 @@ TOOLS: dict[str, ToolSpec] = {
 }
 
 MUTATING_TOOLS = frozenset(name for name, spec in TOOLS.items() if spec.mutating)
+
+# What a model reads about each tool (MCP ``tools/list``, tools.server.mcp); the
+# arguments' own descriptions are in the argument models' JSON schema.
+DESCRIPTIONS: dict[str, str] = {
+    "read_file": "Read a file of the work tree (path relative to its root); returns its content.",
+    "list_dir": "List a directory of the work tree (default: its root).",
+    "git_status": "git status --porcelain of the work tree: what changed since the last commit.",
+    "write_file": "Create or replace a file of the work tree with the given content.",
+    "apply_patch": "Apply a unified diff (as `git diff` writes it) to the work tree.",
+    "rm": "Delete a file of the work tree.",
+    "mv": "Rename or move a file inside the work tree.",
+    "git_commit": "Commit every change of the work tree (git add -A) with the given message.",
+    "run_tests": "Run the job's own test command in the sandbox; returns exit code and output.",
+    "exec": "Run a bash command in the work tree, sandboxed (no network, time-bounded); "
+    "returns exit_code and output (stdout and stderr merged). Background processes "
+    "are killed when the command returns.",
+}
+
+
+def describe(name: str) -> str:
+    """The model-facing description of a registered tool."""
+    return DESCRIPTIONS.get(name, name)
 
 
 def get(name: str) -> ToolSpec | None:

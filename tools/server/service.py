@@ -25,7 +25,7 @@ from runner.core.durable import Fsync, os_fsync
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, read_stamp, utc_now, valid_slot_id, write_stamp
-from tools import builtin, paths, registry, shell
+from tools import builtin, paths, registry, shell, tokens
 from tools.envelope import Envelope
 from tools.errors import ToolError
 from tools.reasons import Reason
@@ -132,6 +132,13 @@ class ToolService:
         if reason is not None:
             holder = f"{stamp.job_id}@{stamp.generation}"
             return refused(409, reason, f"{reason.value}: the slot is held by {holder}", **log)
+        if not _allowed(slot_dir, envelope.generation, spec.name):
+            return refused(
+                403,
+                Reason.TOOL_NOT_ALLOWED,
+                f"{spec.name} is not among the tools of this lease (the job spec's tools)",
+                **log,
+            )
         ctx = builtin.Context(slot_dir, self.settings)
         if not spec.mutating:
             try:
@@ -296,3 +303,16 @@ class ToolService:
             return  # never leased: there is no lease to take away
         poisoned = current.model_copy(update={"state": SlotState.POISONED, "reason": reason})
         write_stamp(slot_dir, poisoned, fsync=self.fsync)
+
+
+def _allowed(slot_dir: Path, generation: int, tool: str) -> bool:
+    """Whether the lease at ``generation`` may call ``tool`` (its token record's tools).
+
+    A lease without a record (a stamp not written by ``SlotPool.lease``) narrows
+    nothing; a record that cannot be read allows nothing (fail closed).
+    """
+    try:
+        record = tokens.read_record(slot_dir, generation)
+    except (OSError, ValueError):
+        return False
+    return record is None or record.allows(tool)
