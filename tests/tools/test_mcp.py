@@ -116,6 +116,7 @@ def test_the_official_client_lists_and_calls_every_tool(host: Host) -> None:
         ]
         results = {name: mcp.call(name, args, key) for name, args, key in calls}
         replay = mcp.call("write_file", {"path": "notes/a.txt", "content": "two\n"}, "k-write")
+        rerun = mcp.call("exec", {"command": "echo again > made.txt"}, "k-exec")
         mcp.call("write_file", {"path": "notes/b.txt", "content": "b\n"})
     for name, result in results.items():
         assert not result.is_error, (name, text_of(result))
@@ -130,16 +131,20 @@ def test_the_official_client_lists_and_calls_every_tool(host: Host) -> None:
     assert not replay.is_error and replay.structured_content["replayed"] is True
     assert json.loads(text_of(replay))["replayed"] is True
     assert (work / "notes/a.txt").read_text() == "one\n"
+    assert (
+        rerun.structured_content["replayed"] is True and rerun.structured_content["result"] == ran
+    )
+    assert (work / "made.txt").read_text() == "made\n"
 
     lines = host.results()
-    assert len(lines) == len(calls) + 2  # one line per call, refusals and reads included
+    assert len(lines) == len(calls) + 3  # one line per call, replays and reads included
     minted = lines[-1]["idempotency_key"]
     assert minted.startswith("mcp-") and (work / "notes/b.txt").read_text() == "b\n"
     receipts = host.receipts(lease)
     for key in ("k-write", "k-patch", "k-tests", "k-exec", minted):
         applied = [line for line in lines if line["idempotency_key"] == key]
         assert [line["outcome"] for line in applied] == (
-            ["applied", "replayed"] if key == "k-write" else ["applied"]
+            ["applied", "replayed"] if key in ("k-write", "k-exec") else ["applied"]
         )
         on_disk = [r["status"] for r in receipts if r["key"] == key]
         assert on_disk == ["intent", "applied"], (key, on_disk)
