@@ -2,9 +2,11 @@
 
 Endpoints (docs/architecture.md §Tool API): ``POST /v1/tools/{tool}``,
 ``GET /v1/receipts/{key}?slot=``, ``GET /v1/slots``, ``GET /healthz``,
-``GET /metrics``. One JSON log line per call, written before the reply is sent.
-Binds 127.0.0.1 unless told otherwise; off loopback it refuses to start without a
-token, and every request must carry it.
+``GET /metrics``, and the MCP door ``/mcp`` (``tools.server.mcp``, §MCP). Both doors
+send a call through ``tools.server.dispatch``: one JSON log line per call, written
+before the reply is sent. Binds 127.0.0.1 unless told otherwise; off loopback it
+refuses to start without a token, and every request but ``/mcp`` (which takes a lease
+token instead, §Lease tokens) must carry it.
 """
 
 from __future__ import annotations
