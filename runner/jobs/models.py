@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -40,7 +41,28 @@ class OpenAIPlanner(_Model):
     admission_bound: int = Field(default=4, ge=1, le=4096)
 
 
-Planner = Annotated[ScriptedPlanner | OpenAIPlanner, Field(discriminator="kind")]
+# ``package.module:function`` (dotted names on both sides: a function of a class works).
+ENTRY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
+
+
+class PythonPlanner(_Model):
+    """A user's agent function, called in the worker as ``fn(workspace, config)``
+    (docs/architecture.md §Agents); whether ``entry`` imports is checked before any
+    slot is leased (``runner.jobs.entry``)."""
+
+    kind: Literal["python"]
+    entry: str = Field(min_length=3, max_length=512)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("entry")
+    @classmethod
+    def _entry_shape(cls, value: str) -> str:
+        if not re.fullmatch(ENTRY_PATTERN, value):
+            raise ValueError(f"{value!r} is not of the form 'package.module:function'")
+        return value
+
+
+Planner = Annotated[ScriptedPlanner | OpenAIPlanner | PythonPlanner, Field(discriminator="kind")]
 
 
 def unknown_tools(names: Iterable[str]) -> str | None:

@@ -15,7 +15,9 @@ from pydantic import ValidationError
 from runner.core import keys
 from runner.core.poll import PollTimeout, poll_until
 from runner.errors import RunnerError
-from runner.jobs.models import JobResult, JobSpec
+from runner.jobs import entry
+from runner.jobs.entry import EntryError
+from runner.jobs.models import JobResult, JobSpec, PythonPlanner
 from runner.jobs.queue import QUEUE, TASK_NAME
 from runner.jobs.results import load_result
 
@@ -26,18 +28,31 @@ class SpecError(RunnerError, ValueError):
 
 def parse_spec(data: Any) -> JobSpec:
     try:
-        return JobSpec.model_validate(data).with_job_id()
+        job = JobSpec.model_validate(data).with_job_id()
     except ValidationError as exc:
         problems = []
         for err in exc.errors()[:8]:
             where = ".".join(str(p) for p in err["loc"]) or "spec"
             problems.append(f"{where}: {err['msg']}")
         raise SpecError("invalid job spec: " + "; ".join(problems)) from None
+    check_entry(job)
+    return job
+
+
+def check_entry(job: JobSpec) -> None:
+    """Refuse a ``python`` planner whose entry cannot run (``runner.jobs.entry``)."""
+    if isinstance(job.planner, PythonPlanner):
+        try:
+            entry.load(job.planner.entry)
+        except EntryError as exc:
+            raise SpecError(f"invalid job spec: {exc}") from None
 
 
 def submit(app: Celery, client: redis.Redis, spec: JobSpec | dict[str, Any]) -> JobSpec:
     """Validate, record and enqueue one job; returns the spec with its job id."""
     job = spec if isinstance(spec, JobSpec) else parse_spec(spec)
+    if isinstance(spec, JobSpec):
+        check_entry(job)
     job = job.with_job_id()
     assert job.job_id is not None
     payload = job.model_dump(mode="json")
