@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -36,6 +37,15 @@ class ScriptedSteps:
 
     def observe(self, record: StepRecord) -> None:
         return None
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one call gave: its record, and its response or its error (one of the two)."""
+
+    record: StepRecord
+    response: ToolResponse | None = None
+    error: ToolCallError | None = None
 
 
 def idempotency_key(job_id: str, attempt: int, index: int, tool: str) -> str:
@@ -94,6 +104,11 @@ class AgentRun:
         return self.records
 
     def call(self, index: int, step: Step) -> StepRecord:
+        return self.send(index, step).record
+
+    def send(self, index: int, step: Step) -> Sent:
+        """One tool call: its record, and the whole response or the error behind it
+        (a ``python`` agent's workspace handle answers from these, ``runner.agent.api``)."""
         assert self.spec.job_id is not None and self.stamp.attempt is not None
         spec = registry.get(step.tool)
         key = (
@@ -120,19 +135,21 @@ class AgentRun:
             )
         except StaleEnvelope as exc:
             self.counts.stale_rejects += 1
-            return StepRecord(
+            record = StepRecord(
                 index=index, tool=step.tool, idempotency_key=key, outcome="refused", detail=str(exc)
             )
+            return Sent(record, error=exc)
         except ToolCallError as exc:
             if exc.reason in ("stale_generation", "slot_job_mismatch", "lease_expired"):
                 self.counts.stale_rejects += 1
             outcome = "unknown" if exc.reason == "outcome_unknown" else "refused"
-            return StepRecord(
+            record = StepRecord(
                 index=index, tool=step.tool, idempotency_key=key, outcome=outcome, detail=str(exc)
             )
+            return Sent(record, error=exc)
         finally:
             self.counts.retries += sum(self.client.decisions.values()) - before
-        return self._record(index, step, key, response)
+        return Sent(self._record(index, step, key, response), response=response)
 
     def _record(
         self, index: int, step: Step, key: str | None, response: ToolResponse

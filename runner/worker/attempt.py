@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.agent.api import Workspace
+from runner.agent.function import run_function
 from runner.agent.loop import AgentRun, ScriptedSteps
 from runner.agent.planners import ChatPlanner, PlannerError, PlannerStopped, admission_desk
 from runner.core import keys
 from runner.core.stamp import Stamp
-from runner.jobs import backpressure
+from runner.jobs import backpressure, entry
 from runner.jobs import events as job_events
-from runner.jobs.models import JobResult, JobSpec, ScriptedPlanner
+from runner.jobs.models import JobResult, JobSpec, PythonPlanner, ScriptedPlanner, StepRecord
 from runner.jobs.results import finish
 from runner.slots.fence import LeaseLostError, fenced
 from runner.slots.lease_keeper import LeaseKeeper
@@ -69,6 +71,8 @@ class Attempt:
         # The slot's lease once taken: its token and MCP URL are what an agent outside
         # this process is handed (docs/architecture.md §Lease tokens).
         self.lease: Lease | None = None
+        # A ``python`` planner's function, loaded before any slot is leased.
+        self.agent_fn: Any = None
 
     def stop_reason(self) -> str | None:
         if self.beat.superseded.is_set():
@@ -90,6 +94,11 @@ class Attempt:
             return self.finish(self.result("cancelled", "cancelled before it started"))
         if stop == SUPERSEDED:
             return self.superseded(self.result("failed", "superseded before it started"))
+        if isinstance(self.spec.planner, PythonPlanner):
+            try:
+                self.agent_fn = entry.load(self.spec.planner.entry)
+            except entry.EntryError as exc:
+                return self.finish(self.result("rejected", str(exc)))
         left_s = backpressure.deadline_left_s(self.spec.deadline_s, self.submitted_at, time.time())
         if backpressure.too_late(left_s, config.min_deadline_s):
             return self.finish(
@@ -172,18 +181,7 @@ class Attempt:
             left_s = backpressure.deadline_left_s(spec.deadline_s, self.submitted_at, time.time())
             timed = spec.model_copy(update={"deadline_s": max(left_s, 0.001)})
             run = AgentRun(timed, stamp, slot_dir, ctx.client, should_stop=self.between_steps)
-            planner = self.planner(max(left_s, 0.001))
-            planner_failure = None
-            try:
-                records = run.run(planner)
-            except PlannerStopped as exc:
-                records, run.stopped = run.records, exc.reason
-            except PlannerError as exc:
-                records, planner_failure = run.records, f"planner: {exc}"
-            finally:
-                if isinstance(planner, ChatPlanner):
-                    planner.close()
-            planner_stats = dict(planner.stats) if isinstance(planner, ChatPlanner) else {}
+            records, planner_failure, planner_stats = self.drive(run, max(left_s, 0.001))
             if run.stopped in (SUPERSEDED, LEASE_LOST):
                 # The tree may already belong to the janitor: touch nothing more.
                 return self.result(
@@ -200,7 +198,13 @@ class Attempt:
             with self.fenced(slot_dir, stamp):
                 _, end_tree = ctx.workspaces.snapshot(slot_dir, job_id, "end")
                 diff = ctx.workspaces.diff(slot_dir, prepared.base_commit)
-            failed = [r for r in records if r.outcome in ("failed", "refused", "unknown")]
+            # A python agent sees its calls' outcomes and decides: it fails by raising.
+            failed = [
+                r
+                for r in records
+                if r.outcome in ("failed", "refused", "unknown")
+                and not isinstance(spec.planner, PythonPlanner)
+            ]
             if run.stopped == CANCELLED:
                 state, reason = "cancelled", f"cancelled by request after {len(records)} step(s)"
             elif planner_failure is not None:
@@ -229,11 +233,49 @@ class Attempt:
     def fenced(self, slot_dir: Path, stamp: Stamp) -> contextlib.AbstractContextManager[Stamp]:
         return fenced(slot_dir, stamp, self.job_id, self.attempt)
 
+    def drive(
+        self, run: AgentRun, deadline_s: float
+    ) -> tuple[list[StepRecord], str | None, dict[str, int]]:
+        """Run the job's planner over ``run``: its records, the planner's failure (the
+        job's reason) and its counters. A python agent gets the lease's handle."""
+        spec = self.spec.planner
+        if isinstance(spec, PythonPlanner):
+            lease = self.lease
+            workspace = Workspace(
+                run,
+                tools=self.spec.tools,
+                token=lease.token if lease is not None else None,
+                mcp_url=lease.mcp_url if lease is not None else None,
+            )
+            outcome = run_function(
+                self.agent_fn,
+                workspace,
+                spec.config,
+                entry=spec.entry,
+                remaining_s=run.remaining_s,
+                stop_reason=self.stop_reason,
+            )
+            run.stopped = run.stopped or outcome.stopped
+            return run.records, outcome.failure, {}
+        planner = self.planner(deadline_s)
+        failure = None
+        try:
+            run.run(planner)
+        except PlannerStopped as exc:
+            run.stopped = exc.reason
+        except PlannerError as exc:
+            failure = f"planner: {exc}"
+        finally:
+            if isinstance(planner, ChatPlanner):
+                planner.close()
+        return run.records, failure, dict(planner.stats) if isinstance(planner, ChatPlanner) else {}
+
     def planner(self, deadline_s: float) -> ScriptedSteps | ChatPlanner:
         """The job's planner; a chat planner leases every request from the run's desk."""
         spec = self.spec.planner
         if isinstance(spec, ScriptedPlanner):
             return ScriptedSteps(spec)
+        assert not isinstance(spec, PythonPlanner)  # run by drive()
         desk = admission_desk(
             self.ctx.redis,
             spec,
