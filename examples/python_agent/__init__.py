@@ -1,0 +1,1 @@
+"""An agent for slotrunner's ``python`` planner (see README.md here)."""

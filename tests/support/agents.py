@@ -1,0 +1,55 @@
+"""Agent functions for ``python`` planner tests, imported by the real worker.
+
+A job names one as ``tests.support.agents:<name>``; the worker imports it from this
+checkout (:func:`agent_pythonpath` puts the checkout and ``examples/`` on its path).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from runner.agent.api import Workspace, WorkspaceCallError
+from tests.support.repos import REPO
+
+# Not callable: an entry naming it is rejected before any slot is leased.
+NOT_CALLABLE = 42
+
+
+def agent_pythonpath() -> str:
+    """``PYTHONPATH`` for a worker (or ``slotrunner submit``) that imports these agents
+    and the example's (``python_agent.agent``)."""
+    parts = [str(REPO / "examples"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(part for part in parts if part)
+
+
+def takes_one(workspace: Workspace) -> None:
+    """Cannot be called as fn(workspace, config)."""
+
+
+def write_then_raise(workspace: Workspace, config: dict[str, Any]) -> None:
+    """One write applied, then the agent fails: the job fails naming the exception."""
+    workspace.write_file(path=str(config["path"]), content="written before the failure\n")
+    raise ValueError(str(config.get("message", "the agent gave up")))
+
+
+def poll_until_stopped(workspace: Workspace, config: dict[str, Any]) -> None:
+    """Writes ``started``, then reads until the handle refuses (a cancel, a newer
+    attempt): that refusal propagates, as an agent that does not catch it would."""
+    workspace.write_file(path="started", content="1\n")
+    give_up = time.monotonic() + float(config.get("give_up_s", 60))
+    while time.monotonic() < give_up:
+        workspace.git_status()
+        time.sleep(0.05)
+
+
+def sleep_then_write(workspace: Workspace, config: dict[str, Any]) -> None:
+    """Writes ``started``, then sleeps without calling the handle (a model that never
+    answers), then tries one more write: refused, since the job ended meanwhile."""
+    workspace.write_file(path="started", content="1\n")
+    time.sleep(float(config.get("sleep_s", 30)))
+    try:
+        workspace.write_file(path="late.txt", content="too late\n")
+    except WorkspaceCallError:
+        return
