@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from runner.core.durable import replace_file
-from runner.core.git import run_git
+from runner.core.git import add_all, run_git
 from runner.core.settings import Settings
 from tools import paths
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.sandbox import run as sandbox
+from tools.sandbox.layout import slot_layout
 
 READ_MAX_BYTES = 4 * 1024 * 1024
 GIT_TIMEOUT_S = 120.0
@@ -49,6 +50,11 @@ class Context:
     @property
     def work(self) -> Path:
         return self.slot_dir / "work"
+
+    @property
+    def layout(self) -> sandbox.SlotLayout:
+        """What a sandboxed command of this slot sees (docs/architecture.md §Agent git)."""
+        return slot_layout(self.slot_dir, self.settings.home)
 
 
 def sha256(data: bytes) -> str:
@@ -166,7 +172,8 @@ def mv(ctx: Context, args: Any) -> dict[str, Any]:
 
 
 def git_commit(ctx: Context, args: Any) -> dict[str, Any]:
-    add = _git(ctx.work, "add", "-A")
+    # add_all: a plain `git add -A` would run git (and its config) inside a nested repo.
+    add = add_all(ctx.work, "-C", str(ctx.work), timeout=GIT_TIMEOUT_S)
     if add.returncode != 0:
         raise ToolFailed(f"git add failed: {add.stderr.decode(errors='replace').strip()}")
     proc = _git(ctx.work, "commit", "--no-verify", "--allow-empty", "-q", "-m", args.message)
@@ -232,6 +239,7 @@ def run_tests(ctx: Context, args: Any, *, job_id: str, generation: int) -> dict[
         limits=limits,
         hide=[ctx.settings.home],
         expose=interpreter_roots(argv[0], ctx.settings.home),
+        layout=ctx.layout,
     )
     return {
         "exit_code": result.exit_code,

@@ -77,6 +77,7 @@ def exec_command(ctx: builtin.Context, args: Any) -> dict[str, Any]:
         limits=limits,
         hide=[ctx.settings.home],
         merged=True,
+        layout=ctx.layout,
     )
     reply: dict[str, Any] = {
         "exit_code": exit_code(result),

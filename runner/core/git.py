@@ -36,6 +36,12 @@ GIT_CONFIG: Final = (
     # No hook ever runs: an agent writes into work trees, and a hook is code.
     *("-c", f"core.hooksPath={os.devnull}"),
     *("-c", "core.fsmonitor=false"),
+    # Never run git inside a nested repository: one an agent planted has a config of its
+    # own (filter drivers, fsmonitor) that `git status` would obey there. Its commit is
+    # still compared and recorded, so tree ids do not change (architecture §Agent git).
+    *("-c", "diff.ignoreSubmodules=dirty"),
+    # One index file, whatever the host's config: an agent's git dir starts from a copy.
+    *("-c", "core.splitIndex=false"),
     # git then refuses .git look-alikes in patches and checkouts (".g\u200cit/").
     *("-c", "core.protectHFS=true"),
     *("-c", "core.protectNTFS=true"),
@@ -94,3 +100,41 @@ def git_text(
 ) -> str:
     """The stripped stdout of a git command that must succeed (``GitError`` otherwise)."""
     return run_git(*args, cwd=cwd, env=env, check=True).stdout.decode().strip()
+
+
+def add_all(
+    work: Path,
+    *where: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    nested: bool = True,
+) -> subprocess.CompletedProcess[bytes]:
+    """``git <where> add --all`` in the tree ``work``, never running git inside a nested repo.
+
+    ``git add`` ignores ``diff.ignoreSubmodules`` and, for a gitlink whose commit did
+    not move, runs ``git status`` inside the nested repository to see if it is dirty:
+    that status obeys the nested repo's own config, so a filter driver an agent put
+    there would run here. Those gitlinks are updated first (``update-index``, which
+    only reads the nested HEAD) and skipped by the ``add``, which records the same tree
+    as a plain ``git add --all`` (docs/architecture.md §Agent git). ``nested=False``
+    skips the look for them, for a caller that just deleted every nested ``.git``.
+    """
+    gitlinks = b""
+    if nested:
+        listing = run_git(*where, "ls-files", "--stage", "-z", env=env, timeout=timeout)
+        gitlinks = b"".join(
+            path + b"\0"
+            for entry in listing.stdout.split(b"\0")
+            if entry.startswith(b"160000 ")
+            and (path := entry.split(b"\t", 1)[1])
+            and os.path.lexists(Path(work, os.fsdecode(path), ".git"))
+        )
+    for flags in (("--add", "--remove"), ("--skip-worktree",)) if gitlinks else ():
+        proc = run_git(*where, "update-index", "-z", *flags, "--stdin", input=gitlinks, env=env)
+        if proc.returncode != 0:
+            return proc
+    added = run_git(*where, "add", "--all", env=env, timeout=timeout)
+    if gitlinks:  # the bit would hide the path from later commands on a real index
+        unskip = ("update-index", "-z", "--no-skip-worktree", "--stdin")
+        run_git(*where, *unskip, input=gitlinks, env=env)
+    return added

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.core.git import add_all, stderr_of
 from runner.workspace.cache import RepoCaches
 from runner.workspace.fs import remove_nested_git, remove_tree
 from runner.workspace.git import WorkspaceError
@@ -74,7 +75,7 @@ class SlotWorkTrees:
             remove_nested_git(work)
             self._git(*tree.args(), "checkout", "-q", "--force", "--detach", commit, env=tree.env())
             self._git(*tree.args(), "clean", "-ffdxq", env=tree.env())
-            start_tree = self.worktree_tree(tree)
+            start_tree = self.worktree_tree(tree, nested=False)  # just removed
             if start_tree == self.tree_of(cache, commit):
                 return tree, start_tree
         except WorkspaceError:
@@ -84,7 +85,7 @@ class SlotWorkTrees:
         self._discard(work)
         tree = self._attach(work, cache, commit)
         self._reset(tree, commit)
-        return tree, self.worktree_tree(tree)
+        return tree, self.worktree_tree(tree, nested=False)
 
     def tree_of(self, git_dir: Path, commit: str) -> str | None:
         status, out, _ = self._git(
@@ -197,7 +198,8 @@ class SlotWorkTrees:
             raise WorkspaceError(f"{work} is not a slotrunner work tree (prepare the slot first)")
         return tree
 
-    def worktree_tree(self, tree: WorkTree) -> str:
+    def worktree_tree(self, tree: WorkTree, nested: bool = True) -> str:
+        """The tree id of what is in ``tree`` now; ``nested=False`` when no nested repo is."""
         with tempfile.TemporaryDirectory(prefix="slotrunner-index-") as tmp:
             index = Path(tmp) / "index"
             real = tree.admin / "index"
@@ -207,6 +209,10 @@ class SlotWorkTrees:
                 # git's racy-clean check still re-hashes files changed in that second.
                 shutil.copy2(real, index)
             env = {"GIT_INDEX_FILE": str(index)}
-            self._git(*tree.args(), "add", "--all", env=env)
+            # Not self._git("add", "--all"): that would run git inside a nested repo.
+            added = add_all(tree.work, *tree.args(), env=env, nested=nested)
+            if added.returncode != 0:
+                err = stderr_of(added) or "-"
+                raise WorkspaceError(f"git add failed (exit {added.returncode}): {err}")
             _, out, _ = self._git(*tree.args(), "write-tree", env=env)
         return out.decode().strip()

@@ -2,12 +2,16 @@
 
 On disk, under ``$SLOTRUNNER_HOME``::
 
-    repos/<key>.git      bare cache of one source (path or URL): cloned once, fetched
+    repos/<key>.mirror   bare clone of one source (path or URL): cloned once, fetched
                          when a job's base is not there yet (or names a branch/tag)
+    repos/<key>.git      the cache: the slots' worktrees and the snapshot refs; its
+                         objects borrow the mirror's
     repos/<key>.lock     filelock: clone, fetch, worktree add/remove, ref updates
     slots/<id>/work/     a linked worktree of one cache (``git worktree add --detach``),
                          reused job after job; it holds the checkout and its ``.git``
                          file, nothing of slotrunner's
+    slots/<id>/agent.git the agent's own git dir, made anew for every job (with
+                         ``source-objects`` and ``agent.gitfile`` beside it)
 
 ``Workspaces`` is the one class callers use: a facade that builds three layers (cache,
 tree, snapshot), each an object holding the ones below it, on helpers of one concept
@@ -20,13 +24,14 @@ per module:
     runner.workspace.fs        deleting what code run in a tree left behind
     runner.workspace.cache     ``RepoCaches``: clone, fetch, resolve a job's base;
                                the cache lock and the one git runner
+    runner.workspace.agent_git the agent's git dir of a slot, reset for each job
     runner.workspace.tree      ``SlotWorkTrees(caches)``: attach, recycle, discard a
                                slot's tree; the tree id of what is in it
     runner.workspace.snapshot  ``SnapshotStore(caches, trees)``: take, find, diff and
                                restore snapshots
     runner.workspace.workspaces  ``Workspaces(home)``: builds the three, and
                                ``prepare``s a slot for a job (base resolved, tree
-                               recycled, start snapshot taken)
+                               recycled, start snapshot taken, agent git dir made)
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.workspace.cache import RepoCaches
+from runner.workspace import agent_git
+from runner.workspace.cache import RepoCaches, mirror_of
 from runner.workspace.refs import check_job_id
 from runner.workspace.snapshot import SnapshotStore
 from runner.workspace.source import parse_source
@@ -72,9 +78,12 @@ class Workspaces:
     ) -> Prepared:
         """Resolve ``base`` in the source's cache, then recycle the slot's tree to it.
 
-        Only the recycle and the start snapshot touch the slot, so only they run
-        inside ``fence`` (``runner.slots.fence``: the slot lock, the lease proved); a slow
-        clone or fetch does not hold the slot.
+        The agent's git dir is deleted first and made anew at the base last, so nothing
+        of the previous job's git state survives even a prepare that fails half-way
+        (docs/architecture.md §Agent git). Only the recycle, the start snapshot and the
+        agent's git dir touch the slot, so only they run inside ``fence``
+        (``runner.slots.fence``: the slot lock, the lease proved); a slow clone or fetch
+        does not hold the slot.
         """
         check_job_id(job_id)
         src = parse_source(source)
@@ -83,9 +92,12 @@ class Workspaces:
         with self.caches.lock(cache):
             cache, fresh = self.caches.ensure_cache(src)
             base_commit = self.caches.resolve_base(cache, source, base, fresh)
+            self.caches.keep_base(cache, base_commit)
         with fence():
+            agent_git.discard(work.parent)
             tree, start_tree = self.trees.recycle(work, cache, base_commit)
             commit = self.snapshots.commit_snapshot(tree, job_id, "start", base_commit, start_tree)
+            agent_git.reset(work.parent, tree, mirror_of(cache) / "objects", base_commit)
         return Prepared(src.key, base_commit, commit, start_tree)
 
     def cache_for(self, source: str) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ops.testing.chaos.expect import expected_tree
-from runner.core.git import GitError, git_text, run_git
+from runner.core.git import GitError, add_all, git_text, run_git
 from runner.core.settings import Settings
 from runner.workspace.git import GitRunner, WorkspaceError
 
@@ -92,3 +92,47 @@ def test_failures_name_the_command(tmp_path: Path) -> None:
         GitRunner()("-C", str(tmp_path), "rev-parse", "nosuch")
     status, out, err = GitRunner()("-C", str(tmp_path), "rev-parse", "nosuch", check=False)
     assert status == 128 and out == b"" and "not a git repository" in err
+
+
+def test_add_all_never_runs_git_inside_a_nested_repo_and_records_the_same_tree(
+    tmp_path: Path,
+) -> None:
+    """A gitlink whose nested repo has a filter driver of its own and a dirty file: plain
+    ``git add --all`` runs ``git status`` in there (the driver runs) when its HEAD did not
+    move; add_all never does, and both record the same tree, a moved HEAD included."""
+    repo = tmp_path / "repo"
+    make_repo(repo)
+    marker = tmp_path / "driver-ran"
+    sub = repo / "sub"
+    sub.mkdir()
+    plain_git(sub, "init", "-q")
+    plain_git(sub, "config", "filter.evil.clean", f"touch {marker}; cat")
+    (sub / ".gitattributes").write_text("* filter=evil\n")
+    (sub / "x").write_text("x\n")
+    plain_git(sub, "add", "-A")
+    plain_git(sub, "commit", "-q", "-m", "nested")
+    plain_git(repo, "add", "sub")
+    plain_git(repo, "commit", "-q", "-m", "gitlink")
+    marker.unlink(missing_ok=True)
+    trees = []
+    for moved in (False, True):
+        if moved:
+            plain_git(sub, "commit", "-q", "--allow-empty", "-m", "moved")
+        (sub / "x").write_text("y\n")  # dirty, same size: a status in there re-hashes it
+        marker.unlink(missing_ok=True)  # the nested repo's own commit ran its own driver
+        for stage in ("pinned", "plain"):
+            env = {"GIT_INDEX_FILE": str(tmp_path / f"index-{stage}-{moved}")}
+            subprocess.run(["cp", str(repo / ".git" / "index"), env["GIT_INDEX_FILE"]], check=True)
+            if stage == "pinned":
+                assert add_all(repo, "-C", str(repo), env=env).returncode == 0
+                assert not marker.exists()
+            else:
+                subprocess.run(
+                    ["git", "add", "--all"], cwd=repo, env={**env, "PATH": "/usr/bin:/bin"}
+                )
+                # The trap is armed: a plain add looks inside when the HEAD did not move.
+                assert marker.exists() is not moved
+                marker.unlink(missing_ok=True)
+            trees.append(git_text("write-tree", cwd=repo, env=env))
+        assert trees[-1] == trees[-2]
+    assert trees[0] != trees[2]  # the moved HEAD is recorded

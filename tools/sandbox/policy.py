@@ -1,9 +1,10 @@
 """The sandbox's pure decisions and the records they take: nothing here touches the host.
 
 Which mode a policy and a self-test give (:func:`choose_mode`), the bwrap command
-line (:func:`bwrap_argv`), the rlimits the child shim applies (:func:`rlimits`), the
-command's whole environment (:func:`sandbox_env`) and how a return code reads
-(:func:`exit_status`). ``tools/sandbox/run.py`` re-exports every public name.
+line (:func:`bwrap_argv`, with the binds of a slot's :class:`SlotLayout`), the rlimits
+the child shim applies (:func:`rlimits`), the command's whole environment
+(:func:`sandbox_env`) and how a return code reads (:func:`exit_status`).
+``tools/sandbox/run.py`` re-exports every public name.
 """
 
 from __future__ import annotations
@@ -34,6 +35,28 @@ class Limits:
     open_files: int = 256
     output_bytes: int = _MiB
     file_bytes: int = 256 * _MiB
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path shown at ``dest`` inside the sandbox, read-only unless ``writable``."""
+
+    source: Path
+    dest: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """A slot as every sandboxed command sees it (``tools/sandbox/layout.py`` builds it).
+
+    ``work`` is bound read-write at :data:`WORK_PATH`, ``hide`` shown empty, and
+    ``binds`` mounted after the work tree, in order (docs/architecture.md §Agent git).
+    """
+
+    work: Path
+    binds: tuple[Bind, ...] = ()
+    hide: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,7 @@ def bwrap_argv(
     root_entries: Mapping[str, str | None],
     hide: Sequence[Path] = (),
     expose: Sequence[Path] = (),
+    binds: Sequence[Bind] = (),
 ) -> list[str]:
     """The bwrap command line up to (and including) ``--``.
 
@@ -77,7 +101,8 @@ def bwrap_argv(
     for a directory or file). The new root is a tmpfs holding read-only binds of
     those entries, so :data:`WORK_PATH` can be created in it; it is remounted
     read-only last. ``expose`` re-binds host paths read-only after the hiding (the
-    self-test uses it to reach its own interpreter).
+    self-test uses it to reach its own interpreter). ``binds`` (a slot's
+    :class:`SlotLayout`) come after the work tree, so one may cover a path in it.
     """
     argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL"]
     argv += ["--die-with-parent", "--new-session", "--tmpfs", "/"]
@@ -97,6 +122,8 @@ def bwrap_argv(
     for path in expose:
         argv += ["--ro-bind", str(path), str(path)]
     argv += ["--dir", str(Path(WORK_PATH).parent), "--bind", str(work), WORK_PATH]
+    for bind in binds:
+        argv += ["--bind" if bind.writable else "--ro-bind", str(bind.source), bind.dest]
     argv += ["--chdir", WORK_PATH, "--remount-ro", "/", "--"]
     return argv
 

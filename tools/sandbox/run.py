@@ -3,8 +3,9 @@
 What holds for every run, sandboxed or not:
 
 - resource limits (CPU seconds, address space, open files, file size) are set in the
-  child by a tiny Python shim that then ``exec``s the command; no ``preexec_fn``, which
-  can deadlock a threaded server (uvicorn, Celery) between fork and exec;
+  child by ``prlimit`` (or, without it, a tiny Python shim) that then ``exec``s the
+  command; no ``preexec_fn``, which can deadlock a threaded server (uvicorn, Celery)
+  between fork and exec;
 - processes are bounded by a fresh pids cgroup when one is writable, because
   ``RLIMIT_NPROC`` is not enforced for root (the kernel skips it for the initial user),
   so as root it would not stop a fork bomb; without a cgroup ``RLIMIT_NPROC`` is set
@@ -24,8 +25,9 @@ runner. Policy (``SandboxMode``): ``required`` refuses without a working bwrap,
 Where things live: the pure decisions and the records they take (:class:`Limits`,
 :class:`SelfTest`, :class:`SandboxUnavailable`, the mode policy, the bwrap command
 line, rlimits, environment, exit status) in ``tools/sandbox/policy.py``; the pids
-cgroup in ``tools/sandbox/cgroup.py``; the child shim and the bounded, killable run
-of one command in ``tools/sandbox/process.py``; finding bwrap and its self-test in
+cgroup in ``tools/sandbox/cgroup.py``; how the child takes its limits in
+``tools/sandbox/shim.py``; the bounded, killable run of one command in
+``tools/sandbox/process.py``; finding bwrap and its self-test in
 ``tools/sandbox/bwrap.py``. This module is the entry point, :func:`run`, and
 re-exports every public name, so ``tools.sandbox.run.X`` keeps working.
 """
@@ -50,6 +52,7 @@ from tools.sandbox.policy import (
     Limits,
     SandboxUnavailable,
     SelfTest,
+    SlotLayout,
     bwrap_argv,
     choose_mode,
     exit_status,
@@ -66,6 +69,7 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailable",
     "SelfTest",
+    "SlotLayout",
     "bwrap_argv",
     "choose_mode",
     "exit_status",
@@ -101,15 +105,19 @@ def run(
     env: Mapping[str, str] | None = None,
     path_env: str | None = None,
     merged: bool = False,
+    layout: SlotLayout | None = None,
 ) -> SandboxResult:
     """Run ``argv`` with ``work`` as its (read-write) working tree, contained.
 
     ``hide`` lists host directories shown empty inside the sandbox (the caller passes
     ``$SLOTRUNNER_HOME``; ``work`` may lie inside one: it is mounted afterwards, at
-    :data:`WORK_PATH`). ``env`` adds to the minimal environment. Each of stdout and
-    stderr keeps at most ``limits.output_bytes``; the rest is read and dropped. With
-    ``merged`` both go to one pipe, in order, into ``stdout`` (its head and tail kept,
-    the middle dropped with a marker); ``stderr`` is then empty.
+    :data:`WORK_PATH`). ``layout`` is the slot's view, which every sandboxed command of
+    a slot passes (``tools.sandbox.layout.slot_layout``: its hidden home and the agent's
+    git binds; ``work`` is then ``layout.work``). ``env`` adds to the minimal
+    environment. Each of stdout and stderr keeps at most ``limits.output_bytes``; the
+    rest is read and dropped. With ``merged`` both go to one pipe, in order, into
+    ``stdout`` (its head and tail kept, the middle dropped with a marker); ``stderr``
+    is then empty.
     Raises :class:`SandboxUnavailable` when ``mode="required"`` and bwrap is missing
     or fails its self-test, and :class:`ToolError` (``malformed``) for bad input.
     """
@@ -137,9 +145,11 @@ def run(
     if used == "bwrap":
         assert test is not None and test.bwrap is not None
         # Only directories can be covered; one that does not exist has nothing to hide.
-        hidden = [p for p in (Path(h).resolve() for h in hide) if p.is_dir()]
+        hides = [*hide, *(layout.hide if layout is not None else ())]
+        hidden = [p for p in (Path(h).resolve() for h in hides) if p.is_dir()]
         shown = [p for p in (Path(e).resolve() for e in expose) if p.exists()]
-        command = bwrap_argv(test.bwrap, work, root_entries(), hidden, shown) + command
+        binds = layout.binds if layout is not None else ()
+        command = bwrap_argv(test.bwrap, work, root_entries(), hidden, shown, binds) + command
     started = time.monotonic()
     try:
         outcome = execute(command, work, full_env, limits, cgroup, merged=merged)
