@@ -161,7 +161,8 @@ def test_models_healthz_and_stats_answer(start: Any) -> None:
         (b"not json", "not JSON"),
         (json.dumps({"model": "m"}).encode(), "messages"),
         (json.dumps({"messages": [{"role": "user"}]}).encode(), "model"),
-        (json.dumps({**chat_request(), "stream": True}).encode(), "stream"),
+        (json.dumps({**chat_request(), "stream": "yes"}).encode(), "stream"),
+        (json.dumps({**chat_request(), "stream_options": {}}).encode(), "stream_options"),
         (json.dumps({"model": "m", "messages": ["hi"]}).encode(), "messages[0]"),
     ],
 )

@@ -61,3 +61,37 @@ def test_what_is_not_a_completion_is_refused_by_every_reader(raw: bytes) -> None
     with pytest.raises(ValueError):
         wire.parse_completion(raw)
     assert classify(200, raw) == (Outcome.PROTOCOL_ERROR, None)
+
+
+# -- streaming -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        FakeEndpointConfig(echo_text="several words of text"),
+        FakeEndpointConfig(
+            script=(ScriptStep(tool="write_file", args={"path": "a", "content": "b"}),)
+        ),
+    ],
+    ids=["text", "tool-call"],
+)
+def test_the_chunks_of_a_completion_add_up_to_it(config: FakeEndpointConfig) -> None:
+    """What the fake streams, read back as a client joins it, is the completion itself."""
+    completion = wire.parse_completion(answer(config, request()))
+    chunks = wire.completion_chunks(completion, include_usage=True)
+    assert {c.id for c in chunks} == {completion.id}
+    raw = b"".join(wire.sse_event(c) for c in chunks) + wire.SSE_DONE
+    joined = wire.assemble_chunks(wire.parse_sse(raw))
+    assert joined.to_wire() == completion.to_wire()
+    first = json.loads(wire.sse_event(chunks[0]).removeprefix(b"data: "))
+    assert list(first) == ["id", "object", "created", "model", "choices"]
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1].choices == [] and chunks[-1].usage == completion.usage
+
+
+def test_a_stream_without_chunks_is_refused() -> None:
+    with pytest.raises(ValueError):
+        wire.assemble_chunks(wire.parse_sse(wire.SSE_DONE))
+    with pytest.raises(ValueError):
+        list(wire.parse_sse(b'data: {"id": 1}\n\n'))

@@ -83,6 +83,12 @@ def _float(name: str, default: float, text: str) -> Callable[[F], F]:
 )
 @click.option("--model", default="fake-model", show_default=True, help="Name in /v1/models.")
 @click.option(
+    "--api-key",
+    default=None,
+    help="Require this key (Authorization: Bearer KEY) on chat completions, as a "
+    "provider does; others get 401. Default: no key.",
+)
+@click.option(
     "--script",
     "script_path",
     type=click.Path(dir_okay=False),
@@ -137,7 +143,8 @@ def _float(name: str, default: float, text: str) -> Callable[[F], F]:
 def fake_endpoint(host: str, port: int, script_path: str | None, **knobs: Any) -> None:
     """Serve a fault-injecting OpenAI-compatible chat-completions endpoint.
 
-    Routes: POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /stats.
+    Routes: POST /v1/chat/completions ("stream": true answers server-sent
+    chat.completion.chunk events), GET /v1/models, GET /healthz, GET /stats.
     Every response carries x-service-time-ms (the endpoint's own clock) and
     x-fake-fault (what was injected). Faults are drawn per request from --seed.
     """

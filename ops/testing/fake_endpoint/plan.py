@@ -6,7 +6,9 @@ same seed, whatever order concurrent requests arrive in. A retry is the same req
 body again, so it is the next occurrence: it may fail differently, or (duplicate fault)
 be served the very completion, same ``id``, that an earlier attempt was given.
 The step of a scripted conversation is the number of ``role: "tool"`` messages, so a
-retry of a request is answered with the same step.
+retry of a request is answered with the same step. A request with ``"stream": true``
+gets the same completion as server-sent chunks (:func:`stream_events`); its fate is
+drawn the same way (the ``stream`` flag is part of the request, so of its digest).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class FakeEndpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     seed: int = 0
     model: str = Field(default="fake-model", min_length=1)
+    api_key: str | None = Field(default=None, min_length=1)  # None: no key required
     script: tuple[ScriptStep, ...] | None = None  # None: echo mode
     echo_text: str = "ok"
     max_concurrency: int = Field(default=0, ge=0)  # 0: unlimited
@@ -127,8 +130,11 @@ def parse_request(raw: bytes) -> dict[str, Any]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError(f"messages[{i}]: must be an object with a string role")
-    if body.get("stream"):
-        raise RequestError("stream: streaming is not supported by the fake endpoint")
+    if not isinstance(body.get("stream", False), bool):
+        raise RequestError("stream: must be true or false")
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict) and body.get("stream")):
+        raise RequestError("stream_options: must be an object, and only with stream: true")
     if body.get("n", 1) != 1:
         raise RequestError("n: only n=1 is supported")
     if "tools" in body and not isinstance(body["tools"], list):
@@ -236,6 +242,20 @@ def completion_body(
         ),
     )
     return json.dumps(completion.to_wire()).encode()
+
+
+def wants_stream(body: dict[str, Any]) -> bool:
+    return body.get("stream") is True
+
+
+def stream_events(body: dict[str, Any], completion: bytes) -> list[bytes]:
+    """The server-sent events streaming ``completion`` (a ``chat.completion`` body, as
+    :func:`completion_body` wrote it) for the request ``body``, ``[DONE]`` last."""
+    options = body.get("stream_options") or {}
+    chunks = wire.completion_chunks(
+        wire.parse_completion(completion), include_usage=options.get("include_usage") is True
+    )
+    return [*(wire.sse_event(chunk) for chunk in chunks), wire.SSE_DONE]
 
 
 def error_body(message: str, kind: str, code: str | None = None) -> bytes:
