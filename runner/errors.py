@@ -37,6 +37,9 @@ as a second base (marked ``+``)::
     │   └── DeskMismatch                 the eval-run's desk has another bound
     ├── PlannerError                     runner.agent.planners: no usable completion
     │   └── PlannerStopped               the job was told to stop mid-request
+    ├── GatewayConfigError               runner.gateway.app: the gateway would listen
+    │                                    off loopback without a token
+    ├── GatewayStartError                runner.gateway.server: its server did not come up
     ├── SpecError  + ValueError          runner.jobs.submit: a job spec that cannot run
     ├── ResultCopyError                  runner.jobs.result_copy: a kept result that
     │                                    cannot be read or parsed

@@ -24,8 +24,8 @@ def main(debug: bool) -> None:
 
     Settings come from the environment: REDIS_URL (default: an embedded Redis under
     $SLOTRUNNER_HOME), SLOTRUNNER_HOME (default ./.slotrunner), SLOTRUNNER_SLOTS,
-    SLOTRUNNER_TOOLSERVER_URL, SLOTRUNNER_LEASE_TTL_S, SLOTRUNNER_TOKEN,
-    SLOTRUNNER_SANDBOX (required|auto|off).
+    SLOTRUNNER_TOOLSERVER_URL, SLOTRUNNER_GATEWAY_URL, SLOTRUNNER_LEASE_TTL_S,
+    SLOTRUNNER_TOKEN, SLOTRUNNER_SANDBOX (required|auto|off).
 
     Exit codes: 0 done (verdict good), 1 done (verdict bad: a job failed, incidents,
     violations), 2 an error named on one line or bad usage, 3 a job not finished
@@ -227,11 +227,13 @@ def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
 def _mount() -> None:
     # The runner's own verbs; ops, demo, chaos, harness and fake-endpoint come in
     # through the entry points RootGroup reads (runner must not import ops).
+    from runner.cli.gateway import gateway
     from runner.cli.jobs import cancel
     from runner.cli.slots import slots
     from runner.cli.tools import tools
 
     main.add_command(cancel)
+    main.add_command(gateway)
     main.add_command(slots)
     main.add_command(tools)
 

@@ -31,6 +31,12 @@
     slotrunner:rejected                           hash  reason -> jobs rejected for it
                                                           (no_slot, deadline), bumped by the
                                                           same script that commits the result
+    slotrunner:gateway:credential:{digest}        str   JSON grant of one agent's gateway
+                                                          credential (run, job, attempt,
+                                                          upstream, bound; runner/gateway/
+                                                          credentials.py), keyed by the
+                                                          SHA-256 of the secret, never the
+                                                          secret; EX = the job's deadline
     admission:{eval_run}:*                              see runner/admission/lease.py
 
 None of them may be evicted: a worker refuses to start against a Redis whose
@@ -68,6 +74,10 @@ def job_spec(job_id: str) -> str:
 
 def job_cancel(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:cancel"
+
+
+def gateway_credential(digest: str) -> str:
+    return f"{PREFIX}:gateway:credential:{digest}"
 
 
 JOBS = f"{PREFIX}:jobs"

@@ -18,6 +18,7 @@ from runner.errors import RunnerError
 
 SandboxMode = Literal["required", "auto", "off"]
 _SANDBOX_MODES: tuple[SandboxMode, ...] = ("required", "auto", "off")
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:8791/v1"
 
 
 class SettingsError(RunnerError, ValueError):
@@ -34,6 +35,8 @@ class Settings:
     token: str | None
     sandbox: SandboxMode
     host: str
+    # The admission gateway's API base, as agents are given it (runner/gateway/).
+    gateway_url: str = DEFAULT_GATEWAY_URL
 
     @property
     def slots_dir(self) -> Path:
@@ -70,6 +73,7 @@ class Settings:
             "SLOTRUNNER_TOKEN": self.token or "",
             "SLOTRUNNER_SANDBOX": self.sandbox,
             "SLOTRUNNER_HOST_ID": self.host,
+            "SLOTRUNNER_GATEWAY_URL": self.gateway_url,
         }
 
     @classmethod
@@ -92,6 +96,7 @@ class Settings:
             token=env.get("SLOTRUNNER_TOKEN") or None,
             sandbox=sandbox,
             host=env.get("SLOTRUNNER_HOST_ID") or socket.gethostname(),
+            gateway_url=(env.get("SLOTRUNNER_GATEWAY_URL") or DEFAULT_GATEWAY_URL).rstrip("/"),
         )
 
 

@@ -28,6 +28,7 @@ VERBS = (
     "chaos",
     "demo",
     "fake-endpoint",
+    "gateway",
     "harness",
     "ops",
     "result",

@@ -1,0 +1,143 @@
+"""Streams through the admission gateway (runner/gateway/): passed through chunk by chunk
+to the official ``openai`` client, the lease held until the stream ends or its caller
+goes away."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import redis
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
+from ops.testing.fake_endpoint.plan import FakeEndpointConfig, ScriptStep
+from ops.testing.fake_endpoint.server import FakeEndpointServer, serve
+from runner.core.settings import Settings
+from tests.support.gateway import Gateway, client, desk_stats, new_run, upstream
+
+HI: Any = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def gateway(settings: Settings, redis_client: redis.Redis) -> Iterator[Gateway]:
+    gw = Gateway.in_process(settings, redis_client)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[FakeEndpointServer, str]]:
+    config = FakeEndpointConfig(
+        service_ms_median=2.0, service_ms_p99=5.0, echo_text="one two three four"
+    )
+    server, port = serve(config)
+    yield server, upstream(port)
+    server.close()
+
+
+def stream(agent: Any, **extra: Any) -> Any:
+    return agent.chat.completions.create(model="fake-model", messages=HI, stream=True, **extra)
+
+
+def test_a_stream_arrives_chunk_by_chunk_and_holds_its_lease_to_the_end(
+    gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
+) -> None:
+    """The upstream pauses after its first event: the agent already has that chunk (so
+    nothing is buffered), the desk and the upstream each count the request as open;
+    once the stream is read to its end the lease is back."""
+    server, url = endpoint
+    run = new_run()
+    agent = client(gateway.mint(url, eval_run=run, bound=2))
+    server.endpoint.pause_streams()
+    chunks = stream(agent, stream_options={"include_usage": True})
+    try:
+        first = next(iter(chunks))
+        assert first.choices[0].delta.role == "assistant"
+        assert desk_stats(gateway.redis, run, 2)["in_flight"] == 1
+        assert server.endpoint.stats()["requests_open"] == 1
+    finally:
+        server.endpoint.resume_streams()
+    rest = list(chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
+    assert text == "one two three four"
+    assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == 4
+    gateway.wait_for(lambda g: g["outcomes"]["streamed"] == 1 and g["leases_held"] == 0)
+    stats = desk_stats(gateway.redis, run, 2)
+    assert stats["in_flight"] == 0 and stats["committed"] == 1 and stats["released"] == 1
+
+
+def test_a_caller_that_goes_away_mid_stream_gives_its_lease_back(
+    gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
+) -> None:
+    server, url = endpoint
+    run = new_run()
+    agent = client(gateway.mint(url, eval_run=run, bound=1))
+    server.endpoint.pause_streams()
+    try:
+        chunks = stream(agent)
+        next(iter(chunks))
+        chunks.close()  # the agent hangs up while the upstream is still streaming
+        gateway.wait_for(lambda g: g["outcomes"]["client_gone"] == 1 and g["leases_held"] == 0)
+    finally:
+        server.endpoint.resume_streams()
+    assert desk_stats(gateway.redis, run, 1)["in_flight"] == 0
+    # The capacity really is back: the run's one lease serves the next request.
+    assert stream_text(stream(agent)) == "one two three four"
+
+
+def stream_text(chunks: Any) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_a_streamed_tool_call_adds_up_to_the_same_call_as_without_streaming(
+    gateway: Gateway, redis_client: redis.Redis
+) -> None:
+    script = (ScriptStep(tool="write_file", args={"path": "a.txt", "content": "x" * 40}),)
+    server, port = serve(
+        FakeEndpointConfig(service_ms_median=2.0, service_ms_p99=5.0, script=script)
+    )
+    try:
+        agent = client(gateway.mint(upstream(port), eval_run=new_run(), bound=1))
+        whole = agent.chat.completions.create(model="fake-model", messages=HI)
+        [expected] = whole.choices[0].message.tool_calls or []
+        assert isinstance(expected, ChatCompletionMessageFunctionToolCall)
+        calls: dict[int, dict[str, str]] = {}
+        finish = None
+        for chunk in stream(agent):
+            for choice in chunk.choices:
+                finish = choice.finish_reason or finish
+                for call in choice.delta.tool_calls or []:
+                    entry = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                    entry["id"] += call.id or ""
+                    if call.function is not None:
+                        entry["name"] += call.function.name or ""
+                        entry["arguments"] += call.function.arguments or ""
+        assert finish == "tool_calls"
+        # The call id follows the request, and "stream" is part of it; the call is the same.
+        [call] = calls.values()
+        assert call["id"].startswith("call_0_") and list(calls) == [0]
+        assert (call["name"], call["arguments"]) == (
+            expected.function.name,
+            expected.function.arguments,
+        )
+    finally:
+        server.close()
+
+
+def test_an_upstream_error_before_a_stream_starts_is_a_502_not_a_broken_stream(
+    gateway: Gateway, redis_client: redis.Redis
+) -> None:
+    server, port = serve(
+        FakeEndpointConfig(service_ms_median=2.0, service_ms_p99=5.0, error_prob=1)
+    )
+    try:
+        run = new_run()
+        agent = client(gateway.mint(upstream(port), eval_run=run, bound=1))
+        with pytest.raises(openai.InternalServerError) as failed:
+            stream(agent)
+        assert failed.value.status_code == 502
+        assert desk_stats(redis_client, run, 1)["in_flight"] == 0
+    finally:
+        server.close()
