@@ -346,3 +346,28 @@ def test_binds_come_after_the_work_tree() -> None:
     assert argv[work_at + 1 : work_at + 7] == [
         "--bind", "/h/agent.git", "/slot/git", "--ro-bind", "/h/f", "/slot/work/.git",
     ]  # fmt: skip
+
+
+def test_a_cache_from_before_the_mirror_keeps_its_snapshots_and_borrows_from_a_new_one(
+    ws: Workspaces, src: Path, home: Path
+) -> None:
+    """A host upgraded with repos/<key>.git holding the source itself: the next prepare
+    clones the mirror beside it, the old snapshots stay restorable, the agent's git
+    borrows from the mirror only."""
+    slot, first = prepare(ws, src, "S0", "job-old")
+    cache = ws.cache_for(str(src))
+    # What an old host had: the source's objects in the cache itself, no mirror.
+    run_git("--git-dir", str(cache), "fetch", "-q", str(src), "+refs/heads/*:refs/heads/*")
+    run_git("--git-dir", str(cache), "repack", "-a", "-d", "-q", check=True)
+    (cache / "objects" / "info" / "alternates").unlink()
+    subprocess.run(["rm", "-rf", str(mirror_of(cache))], check=True)
+    _, second = prepare(ws, src, "S0", "job-new")
+    assert (mirror_of(cache) / "HEAD").is_file()
+    alternates = (cache / "objects" / "info" / "alternates").read_text().splitlines()
+    assert alternates == [f"../../{mirror_of(cache).name}/objects"]
+    assert ws.restore("job-old", "start", home.parent / "old-start") == first.start_tree
+    assert inside(home, slot, "git log --format=%s").splitlines() == ["base"]
+    assert second.base_commit == first.base_commit
+    # Every base a job used stays reachable in the mirror: a gc there cannot drop it.
+    kept = f"refs/slotrunner/bases/{second.base_commit}"
+    assert git_text("--git-dir", str(mirror_of(cache)), "rev-parse", kept) == second.base_commit
