@@ -37,10 +37,15 @@ as a second base (marked ``+``)::
     │   └── DeskMismatch                 the eval-run's desk has another bound
     ├── PlannerError                     runner.agent.planners: no usable completion
     │   └── PlannerStopped               the job was told to stop mid-request
+    ├── WorkspaceCallError               runner.agent.api: a python agent's call refused,
+    │   │                                stale or not made (``reason`` says why)
+    │   └── WorkspaceOutcomeUnknown      sent, and its outcome is unknown
     ├── GatewayConfigError               runner.gateway.app: the gateway would listen
     │                                    off loopback without a token
     ├── GatewayStartError                runner.gateway.server: its server did not come up
     ├── SpecError  + ValueError          runner.jobs.submit: a job spec that cannot run
+    ├── EntryError  + ValueError         runner.jobs.entry: a python planner's entry that
+    │                                    cannot be imported or called
     ├── ResultCopyError                  runner.jobs.result_copy: a kept result that
     │                                    cannot be read or parsed
     └── CliError                         runner.cli.errors: a problem the command line
