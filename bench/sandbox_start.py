@@ -7,13 +7,16 @@ mounts). Baseline: ``subprocess.run(["/bin/true"])``. A third arm,
 pumping). The bwrap self-test runs once per process and is warmed up first, as in
 a long-running tool server.
 
-No goal: reported as a figure.
+No goal: reported as a figure. A fourth figure, ``sandbox.exec_start``, is the whole
+``exec`` tool call against a bare bubblewrap run (``bench/exec_start.py``; goal: at
+most 1.5x).
 """
 
 from __future__ import annotations
 
 import subprocess
 
+from bench import exec_start
 from bench.fixtures import Context
 from bench.stats import (
     BenchResult,
@@ -87,4 +90,8 @@ def run(ctx: Context) -> BenchResult:
         f"{reps} repetitions of {n} runs per arm, interleaved; mode used: {warm.mode}; "
         f"warning: {warm.warning or 'none'}."
     )
+    exec_figure, note = exec_start.figure(ctx, reps, n)
+    result.figures.append(exec_figure)
+    if note:
+        result.notes.append(note)
     return result

@@ -34,8 +34,11 @@ def table(as_json: bool) -> None:
     click.echo(classifier.format_table())
     settings = Settings.from_env()
     if settings.sandbox == "off":
-        console.print("sandbox: off (SLOTRUNNER_SANDBOX=off)")
+        console.print("sandbox: off (SLOTRUNNER_SANDBOX=off); exec runs UNCONFINED")
     else:
         test = sandbox.self_test()
         state = "confines" if test.ok else "NOT available"
         console.print(f"sandbox ({settings.sandbox}): {state}: {test.detail}", highlight=False)
+        if not test.ok:
+            # exec never falls back (docs/architecture.md §Exec tool).
+            console.print("exec: refused (sandbox_unavailable) until bwrap works", highlight=False)

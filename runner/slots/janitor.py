@@ -55,7 +55,7 @@ from runner.jobs import events as job_events
 from runner.slots.pool import SlotPool, mark
 from tools import builtin
 from tools.errors import ToolError
-from tools.receipts.resolve import observe
+from tools.receipts.resolve import judged, observe
 from tools.receipts.store import ReceiptStore, Status
 
 SUPERSEDED = "superseded"
@@ -225,6 +225,12 @@ class Janitor:
             if observe(ctx, intent):
                 store.finish(intent, Status.APPLIED, detail="resolved_from_tree")
                 resolution = "applied"
+            elif not judged(intent.tool):
+                # An exec may have run, in part or whole: no tree says (§Exec tool).
+                resolution = "outcome_unknown"
+                store.finish(
+                    intent, Status.FAILED, detail=f"{resolution}: slot reclaimed ({reason})"
+                )
             else:
                 detail = f"not_applied: slot reclaimed ({reason})"
                 store.finish(intent, Status.FAILED, detail=detail)

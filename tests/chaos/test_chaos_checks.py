@@ -89,3 +89,35 @@ def test_worktrees_check_flags_foreign_and_stale_worktrees(tmp_path: Path) -> No
     assert not check.ok
     problems = " ".join(check.data["problems"])
     assert "elsewhere is not a slot's" in problems and "S0/work is stale" in problems
+
+
+def test_exec_orphans_flags_a_file_that_landed_and_a_process_still_alive(tmp_path: Path) -> None:
+    """The orphan check passes on clean slots and fails on what a surviving orphan
+    leaves: its file in a slot's tree, or its process in /proc."""
+    import subprocess
+
+    from ops.testing.chaos.checks import exec_orphans
+    from ops.testing.chaos.plan import ORPHAN_MARK
+    from runner.core.poll import poll_until
+    from runner.core.settings import Settings
+
+    settings = Settings.from_env({"SLOTRUNNER_HOME": str(tmp_path), "SLOTRUNNER_SLOTS": "2"})
+    work = settings.slots_dir / "S1" / "work"
+    work.mkdir(parents=True)
+    assert exec_orphans(settings, ["job-x"], 1).ok
+    landed = work / f"{ORPHAN_MARK}job-x-bg.txt"
+    landed.write_text("late\n")
+    found = exec_orphans(settings, ["job-x"], 1)
+    assert not found.ok and found.data["landed"] == [str(landed)]
+    landed.unlink()
+    alive = subprocess.Popen(["bash", "-c", f"sleep 30; : {ORPHAN_MARK}job-x"])
+    try:
+        # Seen once bash has replaced the forked interpreter (its cmdline names the mark).
+        found = poll_until(
+            lambda: (c := exec_orphans(settings, ["job-x"], 1)).data["alive"] and c, 10, 0.01
+        )
+        assert not found.ok and found.data["alive"]
+    finally:
+        alive.kill()
+        alive.wait()
+    assert exec_orphans(settings, ["job-x"], 1).ok

@@ -44,6 +44,9 @@ def test_faults_sit_where_they_can_act(seed: int) -> None:
             assert fault.tool in ("write_file", "apply_patch")
         if fault.step < 0:
             assert fault.kind == cp.CANCEL_STORM
+        if fault.kind == cp.EXEC_ORPHAN:
+            assert fault.tool == "exec" and fault.step == len(job.steps) - 1
+            assert cp.ORPHAN_MARK + job.job_id in job.steps[-1]["args"]["command"]
     for kinds in per_job.values():
         assert len(kinds) <= 2
         if {cp.FSYNC_EIO, cp.CANCEL_STORM} & set(kinds):
@@ -51,11 +54,14 @@ def test_faults_sit_where_they_can_act(seed: int) -> None:
 
 
 def test_jobs_have_six_to_ten_calls_and_each_read_once() -> None:
-    """Every job makes 6-10 calls, and a read-only tool appears at most once in it."""
+    """Every job makes 6-10 calls, plus at most one planted exec (its last), and a
+    read-only tool appears at most once in it."""
     for seed in range(1, 21):
         for job in cp.make_plan(seed, 30).jobs:
             tools = [s["tool"] for s in job.steps]
-            assert 6 <= len(tools) <= 10
+            planted = tools.count("exec")
+            assert planted <= 1 and (not planted or tools[-1] == "exec")
+            assert 6 <= len(tools) - planted <= 10
             assert {"write_file", "apply_patch", "run_tests"} <= set(tools)
             for read in cp.READ_TOOLS:
                 assert tools.count(read) <= 1
@@ -63,6 +69,18 @@ def test_jobs_have_six_to_ten_calls_and_each_read_once() -> None:
                 spec = registry.get(str(step["tool"]))
                 assert spec is not None
                 spec.args_model.model_validate(step["args"])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 9])
+def test_planting_exec_orphans_changes_no_other_fault(seed: int) -> None:
+    """exec_orphan draws from its own stream, after the rest: without it a seed plans
+    exactly the faults it planned before; with it, only an exec step is added."""
+    others = tuple(k for k in cp.KINDS if k != cp.EXEC_ORPHAN)
+    before, after = cp.make_plan(seed, 8, others), cp.make_plan(seed, 8)
+    assert [f for f in after.faults if f.kind != cp.EXEC_ORPHAN] == list(before.faults)
+    for old, new in zip(before.jobs, after.jobs, strict=True):
+        assert new.steps[: len(old.steps)] == old.steps
+        assert [s["tool"] for s in new.steps[len(old.steps) :]] in ([], ["exec"])
 
 
 def test_unknown_kind_is_named() -> None:

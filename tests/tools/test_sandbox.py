@@ -418,3 +418,22 @@ def test_returns_quickly_after_the_command_exits(host: Host) -> None:
     result = sandbox.run(["/bin/sh", "bg.sh"], host.work, mode="off", limits=Limits(wall_s=30))
     assert (result.exit_code, result.timed_out) == (0, False)  # not waited out
     assert _procs_with(marker) == []
+
+
+def test_the_python_shim_sets_the_same_limits_as_prlimit(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where util-linux's prlimit is missing, the Python shim applies the same limits
+    and reports a missing command the same way (127)."""
+    from tools.sandbox import shim
+
+    probe = ["/bin/bash", "-c", "for o in t n f v; do ulimit -$o; done"]
+    limits = Limits(wall_s=30, cpu_s=7, open_files=77, file_bytes=1024 * 1024)
+    seen = []
+    for prlimit in (shim.find_prlimit(), None):
+        monkeypatch.setattr("tools.sandbox.process.find_prlimit", lambda found=prlimit: found)
+        result = sandbox.run(probe, host.work, mode="off", limits=limits, merged=True)
+        missing = sandbox.run(["no-such-command"], host.work, mode="off", merged=True)
+        seen.append((result.exit_code, result.stdout, missing.exit_code))
+    assert seen[0] == seen[1] and seen[0][0] == 0 and seen[0][2] == 127
+    assert seen[0][1].split() == ["7", "77", "1024", str(limits.memory_bytes // 1024)]

@@ -17,6 +17,9 @@ from runner.core.poll import PollTimeout, poll_until
 
 # How long a kill may take to empty the cgroup; tools/sandbox/process.py drains pipes as long.
 GRACE_S = 5.0
+# How often an emptying cgroup is looked at: the kernel reaps a killed process within
+# a millisecond or so, and every call waits for it before its reply.
+POLL_S = 0.001
 
 
 class PidsCgroup:
@@ -60,7 +63,7 @@ class PidsCgroup:
             return not pids  # processes leave the cgroup once the kernel reaps them
 
         with contextlib.suppress(PollTimeout):
-            poll_until(emptied, GRACE_S, 0.01)
+            poll_until(emptied, GRACE_S, POLL_S)
 
     def remove(self) -> None:
         def removed() -> bool:
@@ -72,7 +75,7 @@ class PidsCgroup:
                 return False
 
         with contextlib.suppress(PollTimeout):  # left for an operator; its name says whose
-            poll_until(removed, GRACE_S, 0.01)
+            poll_until(removed, GRACE_S, POLL_S)
 
 
 def _pids_parents() -> list[Path]:

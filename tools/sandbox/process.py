@@ -1,9 +1,9 @@
-"""Spawning one contained command: the rlimit shim, bounded output, deadline and kill.
+"""Spawning one contained command: its limits, bounded output, deadline and kill.
 
-The command runs behind a tiny Python shim that sets the rlimits and ``exec``s it
-(no ``preexec_fn``, which can deadlock a threaded server between fork and exec);
-both pipes are read incrementally, each stream kept to ``output_bytes``; a wall-clock
-deadline, and the command's own exit, kill its process group and pids cgroup. With
+The command runs behind ``prlimit`` or a tiny shim that sets the rlimits and ``exec``s
+it (``tools/sandbox/shim.py``); both pipes are read incrementally, each stream kept to
+``output_bytes``; a wall-clock deadline, and the command's own exit, kill its process
+group and pids cgroup. With
 ``merged`` (the ``exec`` tool) stdout and stderr are one pipe, so the output keeps the
 order the command wrote it in, and the kept part is its head and its tail.
 """
@@ -15,7 +15,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,37 +22,9 @@ from pathlib import Path
 
 from tools.sandbox.cgroup import GRACE_S, PidsCgroup
 from tools.sandbox.policy import Limits, rlimits
+from tools.sandbox.shim import child_argv, find_prlimit
 
 _READ_CHUNK = 64 * 1024
-
-# Python ignores SIGPIPE and SIGXFSZ at startup and ignored signals survive exec, so
-# the shim restores them: a command past its file-size limit must die, as anywhere else.
-_SHIM = """\
-import os, resource, signal, sys
-procs, spec, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
-for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-    signal.signal(sig, signal.SIG_DFL)
-try:
-    if procs:
-        with open(procs, "w") as f:
-            f.write(str(os.getpid()))
-    for row in filter(None, spec.split(",")):
-        name, soft, hard = row.split(":")
-        res = getattr(resource, name)
-        cap = resource.getrlimit(res)[1]
-        soft, hard = int(soft), int(hard)
-        if cap != resource.RLIM_INFINITY:
-            soft, hard = min(soft, cap), min(hard, cap)
-        resource.setrlimit(res, (soft, hard))
-except OSError as e:
-    sys.stderr.write("slotrunner sandbox: cannot apply limits: %s\\n" % e)
-    os._exit(126)
-try:
-    os.execvp(argv[0], argv)
-except OSError as e:
-    sys.stderr.write("slotrunner sandbox: cannot execute %r: %s\\n" % (argv[0], e))
-    os._exit(127)
-"""
 
 
 @dataclass(frozen=True)
@@ -121,11 +92,10 @@ def execute(
 ) -> Outcome:
     """Run ``command`` (bounded, killed with everything it started); with ``merged`` its
     stderr goes into its stdout pipe and ``Outcome.stderr`` is empty."""
-    spec = ",".join(f"{n}:{s}:{h}" for n, s, h in rlimits(limits, cgroup is None))
-    procs = str(cgroup.procs_file) if cgroup is not None else ""
-    shim = [sys.executable, "-I", "-S", "-c", _SHIM, procs, spec, *command]
+    procs = str(cgroup.procs_file) if cgroup is not None else None
+    argv = child_argv(command, rlimits(limits, cgroup is None), procs, find_prlimit())
     proc = subprocess.Popen(
-        shim,
+        argv,
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,

@@ -260,6 +260,11 @@ def _report(
             checks.replays_refused(injector.replays),
             checks.supervisor(len(stack.restarts), stack.restart_errors),
             checks.leaks(found),
+            checks.exec_orphans(
+                stack.settings,
+                [plan.jobs[f.job].job_id for f in plan.faults if f.kind == cp.EXEC_ORPHAN],
+                sum(1 for f in injector.fired if f.kind == cp.EXEC_ORPHAN and not f.skipped),
+            ),
         ],
         duplicate_applies=duplicates,
         duration_s=duration_s,

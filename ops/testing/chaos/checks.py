@@ -19,6 +19,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from ops.testing.chaos.plan import ORPHAN_MARK
 from runner.core.git import run_git, stderr_of
 from runner.core.settings import Settings
 from runner.core.stamp import SlotState, StampError, read_stamp
@@ -251,6 +252,31 @@ def supervisor(restarts: int, errors: list[str]) -> Check:
 def leaks(found: list[str]) -> Check:
     """No process of the run outlives it (cmdline or environment naming its home)."""
     return Check("no_leaked_processes", not found, f"left running: {found or 'none'}")
+
+
+def exec_orphans(settings: Settings, job_ids: Iterable[str], ran: int) -> Check:
+    """What the planted execs (``exec_orphan``) started was dead before their replies:
+    no file an orphan would have written is in any slot's tree, and none runs now."""
+    marks = [f"{ORPHAN_MARK}{job_id}".encode() for job_id in job_ids]
+    landed = sorted(
+        str(path)
+        for n in range(settings.slots)
+        for path in (settings.slots_dir / f"S{n}" / "work").rglob(f"{ORPHAN_MARK}*")
+    )
+    alive = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
+        except OSError:
+            continue
+        if any(mark in cmdline for mark in marks):
+            shown = cmdline.replace(b"\0", b" ").decode(errors="replace")[:160]
+            alive.append(f"{entry}: {shown}")
+    ok = not landed and not alive
+    detail = (
+        f"{ran} planted exec(s) ran; files landed: {landed or 'none'}; alive: {alive or 'none'}"
+    )
+    return Check("exec_orphans", ok, detail, {"ran": ran, "landed": landed, "alive": alive})
 
 
 def scan_processes(home: Path) -> list[str]:

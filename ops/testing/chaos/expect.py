@@ -6,7 +6,9 @@ network in the way. The tree id is taken the way a job's end snapshot takes it
 (``runner.workspace.workspaces``): everything in the work tree, untracked files included,
 through a temporary index, with the same pinned git (``runner.core.git``), so the two
 ids agree whatever the host's git config says.
-``run_tests`` is skipped: the campaign's test command only reads the tree.
+``run_tests`` is skipped: the campaign's test command only reads the tree; so is
+``exec``: the campaign's only command (``exec_orphan``) writes nothing before it
+returns, and what it leaves running must be killed before it writes anything.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def expected_tree(
         for number, step in enumerate(steps):
             tool = str(step["tool"])
             spec = registry.get(tool)
-            if spec is None or not spec.mutating or tool == "run_tests":
+            if spec is None or not spec.mutating or tool in ("run_tests", "exec"):
                 continue
             args = spec.args_model.model_validate(step.get("args") or {})
             try:

@@ -24,7 +24,9 @@ step's call passes through it:
 straight to the tool server with its old envelope and a fresh key, once the slot was
 leased again (the buffered apply of docs/architecture.md §Problem).
 ``slow_redelivery`` is a job whose tests outlive the broker's visibility timeout; it
-fired when the log shows a watchdog copy.
+fired when the log shows a watchdog copy. ``exec_orphan`` is a step of its job
+(``ops.testing.chaos.plan``): it fired when the log shows that exec applied;
+``checks.exec_orphans`` judges what it left behind.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ from tools import registry
 
 PAUSE_MAX_S = 45.0  # a paused worker is resumed after this even without a takeover
 WIPE_PAUSE_MS = 10_000  # writes are held this long at most while results are collected
+# Not a rule of the proxy: met after the job (replay_stale), read from the log
+# (slow_redelivery), or a step of the job itself (exec_orphan).
+_NOT_ARMED = (cp.SLOW_REDELIVERY, cp.REPLAY_STALE, cp.EXEC_ORPHAN)
 _RULE_FAULT: dict[str, Fault] = {
     cp.KILL_BEFORE_SEND: "kill_before_send",
     cp.KILL_BEFORE_REPLY: "kill_before_reply",
@@ -102,7 +107,7 @@ class Injector:
 
     def arm(self) -> None:
         for fault in self.plan.faults:
-            if fault.step < 0 or fault.kind in (cp.SLOW_REDELIVERY, cp.REPLAY_STALE):
+            if fault.step < 0 or fault.kind in _NOT_ARMED:
                 continue
             rule = self._rule(fault)
             self._by_rule[id(rule)] = fault
@@ -275,6 +280,17 @@ class Injector:
         fired = self._record(fault, attempt=done.attempt)
         fired.detail = done.describe()
 
+    def _orphan_fired(self, fault: cp.FaultPlan) -> None:
+        ran = self.stack.log.find(
+            "tool_result", tool="exec", job_id=self.job_id(fault), outcome="applied"
+        )
+        if not ran:
+            self._note(fault, "the job never ran its exec step", skipped=True)
+            return
+        fired = self._record(fault, attempt=ran[0].get("attempt"))
+        fired.at_s = round(_wall_s(str(ran[0].get("ts", ""))) - self.started_wall, 3)
+        fired.detail = f"{len(ran)} exec run(s) left processes meant to write later"
+
     def settle(self, timeout_s: float = 60.0) -> None:
         """Join the replays; resolve what only the log can say (redelivery, crashes)."""
         give_up = time.monotonic() + timeout_s
@@ -295,6 +311,9 @@ class Injector:
                     fired.detail = f"{len(watch)} watchdog copies while attempt(s) {watched} ran"
                 else:
                     self._note(fault, "no copy was redelivered while it ran", skipped=True)
+        for fault in self.plan.faults:
+            if fault.kind == cp.EXEC_ORPHAN:
+                self._orphan_fired(fault)
         armed = [f for f in self.fired if f.kind == cp.SERVER_CRASH and not f.skipped]
         if armed and self.stack.faults.crash_armed():
             self.stack.faults.disarm_crash()

@@ -11,12 +11,19 @@ read_file, write_file, apply_patch, mv, rm, git_commit, run_tests (a tiny real c
 of the tree) and git_status. Each read-only tool appears at most once in a job, so
 "the job's git_status" names one step exactly; a mutating step is named by the
 ``:s{index}:`` part of its idempotency key.
+
+``exec_orphan`` is planted in the job itself: one more step, the job's last, an
+``exec`` whose command starts processes meant to outlive it (a background job,
+``setsid``, ``nohup``) and to write into the tree a few seconds later, when the slot
+already serves the next job. It is drawn from a random stream of its own, after the
+other faults, so adding it changed no plan of the kinds that came before it.
 """
 
 from __future__ import annotations
 
 import difflib
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +42,7 @@ REPLAY_STALE = "replay_stale"
 CANCEL_STORM = "cancel_storm"
 FSYNC_EIO = "fsync_eio"
 REDIS_WIPE = "redis_wipe"
+EXEC_ORPHAN = "exec_orphan"
 KINDS: tuple[str, ...] = (
     KILL_BEFORE_SEND,
     KILL_BEFORE_REPLY,
@@ -49,6 +57,7 @@ KINDS: tuple[str, ...] = (
     CANCEL_STORM,
     FSYNC_EIO,
     REDIS_WIPE,
+    EXEC_ORPHAN,
 )
 KILLS = (KILL_BEFORE_SEND, KILL_BEFORE_REPLY, KILL_AFTER_REPLY)
 # At most this many of a kind per seed: each one costs a slot, a restart or a pause.
@@ -69,6 +78,10 @@ _RATE = 0.6
 
 EFFECT_TOOLS = frozenset({"write_file", "apply_patch", "mv", "rm", "git_commit"})
 READ_TOOLS = frozenset({"read_file", "git_status"})
+# What an orphan writes, and what names its processes: checks.exec_orphans looks for it.
+ORPHAN_MARK = "chaos-orphan-"
+ORPHAN_DELAY_S = 3  # the write is due once the slot serves the next job
+_ORPHANS_MAX = 2
 VALUES = "data/values.txt"
 BASE_FILES: dict[str, str] = {
     "README.md": "chaos sample repository\n",
@@ -127,7 +140,9 @@ def make_plan(
         raise ValueError("a campaign needs at least one job")
     rng = random.Random(seed)
     jobs = [_job(rng, seed, i) for i in range(n_jobs)]
-    faults = _faults(rng, jobs, [k for k in KINDS if k in kinds])
+    faults = _faults(rng, jobs, [k for k in KINDS if k in kinds and k != EXEC_ORPHAN])
+    if EXEC_ORPHAN in kinds:
+        faults += _plant_orphans(random.Random(f"{seed}:{EXEC_ORPHAN}"), jobs, faults)
     slow = {f.job for f in faults if f.kind == SLOW_REDELIVERY}
     jobs = [
         JobPlan(j.index, j.job_id, j.steps, visibility_s + 8.0) if j.index in slow else j
@@ -171,6 +186,38 @@ def _job(rng: random.Random, seed: int, index: int) -> JobPlan:
             args = {}
         steps.append({"tool": tool, "args": args})
     return JobPlan(index, f"chaos{seed}-{index:02d}", tuple(steps))
+
+
+def orphan_command(job_id: str) -> str:
+    """Processes that outlive the command if nothing ends them, each writing later."""
+    mark, d = f"{ORPHAN_MARK}{job_id}", ORPHAN_DELAY_S
+    return (
+        f"( sleep {d}; echo late > {mark}-bg.txt; sleep 600 ) & "
+        f"setsid bash -c 'sleep {d}; echo late > {mark}-setsid.txt; sleep 600' & "
+        f"nohup bash -c 'sleep {d}; echo late > {mark}-nohup.txt; sleep 600' "
+        ">/dev/null 2>&1 & echo started"
+    )
+
+
+def _plant_orphans(
+    rng: random.Random, jobs: list[JobPlan], placed: list[FaultPlan]
+) -> list[FaultPlan]:
+    """An exec step at the end of jobs that have room for one more fault and that no
+    exclusive fault ends first, the earlier ones preferred (more jobs come after)."""
+    per_job = Counter(f.job for f in placed)
+    taken = {f.job for f in placed if f.kind in _EXCLUSIVE or f.kind == SLOW_REDELIVERY}
+    taken |= {job for job, n in per_job.items() if n >= _PER_JOB}
+    free = [j.index for j in jobs if j.index not in taken]
+    early = free[: max(1, (len(free) + 1) // 2)]
+    count = min(_ORPHANS_MAX, max(1, round(len(jobs) * 0.1)), len(early))
+    planted: list[FaultPlan] = []
+    for index in sorted(rng.sample(early, count)):
+        job = jobs[index]
+        step = {"tool": "exec", "args": {"command": orphan_command(job.job_id)}}
+        jobs[index] = JobPlan(job.index, job.job_id, (*job.steps, step), job.test_sleep_s)
+        fault_id = len(placed) + len(planted)
+        planted.append(FaultPlan(fault_id, EXEC_ORPHAN, index, len(job.steps), "exec"))
+    return planted
 
 
 def unified_diff(path: str, old: list[str], new: list[str]) -> str:
