@@ -102,6 +102,24 @@ def test_background_processes_are_dead_before_the_reply(
         found.slots.close()
 
 
+def test_the_pid_namespace_alone_ends_them(
+    homes: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a pids cgroup (a host that has none to give) bwrap's own PID namespace
+    still takes every leaver with it when the command exits, setsid included."""
+    from tools.sandbox import run as sandbox
+
+    monkeypatch.setattr("tools.sandbox.run.PidsCgroup.create", lambda max_pids: None)
+    work = new_home(homes)
+    d = unique_sleep()
+    result = sandbox.run(["bash", "-c", leavers(d) + "echo ok"], work, mode="required", merged=True)
+    assert (result.mode, result.exit_code, result.stdout) == ("bwrap", 0, "ok\n")
+    assert result.warning is not None and "NOT enforced" in result.warning  # no cgroup
+    assert procs_with(d) == []
+    time.sleep(float(d) + 1.0)
+    assert sorted(p.name for p in work.glob("f?")) == [] and procs_with(d) == []
+
+
 def test_nothing_lands_in_the_next_jobs_tree(host: Host) -> None:
     """Job A plants late writers and releases its slot; job B leases the same slot and
     prepares its tree: after every planted write was due, B's tree has none of them."""
