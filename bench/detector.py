@@ -20,7 +20,7 @@ with every incident variant for every mutating tool twice, the first and the las
 line among them, and torn and binary garbage lines; the detector's ``--json`` output
 must name exactly the injected incidents and malformed lines, or the benchmark fails.
 This was a 30 s test of the suite; the suite keeps the same assertions on a small log
-(``tests/ops/test_detect.py``), the size and the time are measured here.
+(``tests/ops/detect/test_detect.py``), the size and the time are measured here.
 
 Goals: at least 10x the jq pipeline's throughput; peak RSS under 100 MB.
 """

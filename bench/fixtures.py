@@ -112,7 +112,7 @@ def noop_server(log_dir: Path) -> tuple[str, Child]:
 
 
 def lease_slot(settings: Settings, repo: Path, base: str, job_id: str) -> tuple[Stamp, Path]:
-    """Lease a slot and prepare its tree at ``base``, as tests/tools/test_faults.py does."""
+    """Lease a slot and prepare its tree at ``base``, as tests/tools/server/test_faults.py does."""
     client = redis.Redis.from_url(settings.redis_url or "", decode_responses=True)
     try:
         stamp = SlotPool(settings, client, EventLog(settings)).lease(job_id, 1, wait_s=5.0)

@@ -235,7 +235,7 @@ def _report(
     )
     notes.append(
         "admission desk: not used (scripted planners make no inference requests); its "
-        "recovery after a Redis wipe is tested in tests/runner/test_admission_recovery.py"
+        "recovery after a Redis wipe is tested in tests/runner/admission/test_recovery.py"
     )
     notes += [f"worker restarted after it exited: {why}" for why in stack.worker_restarts]
     return ChaosReport(

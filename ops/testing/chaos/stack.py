@@ -101,7 +101,7 @@ class ChaosStack:
     ) -> None:
         """``fence=False`` starts the tool server with the envelope check off, and
         ``attempt_floor=False`` the workers without the host's attempt floor (the
-        control runs of ``tests/chaos/test_chaos_e2e.py``).
+        control runs of ``tests/e2e/test_chaos.py``).
 
         The tool server is the stack's own process (``ops.testing.toolserver``), with
         the fault plan in ``faults`` that the campaign arms while it runs (a crash

@@ -514,7 +514,7 @@ def test_the_command_serves_a_script_over_http(tmp_path: Path) -> None:
         ],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[4],
     )
     try:
         assert proc.stdout is not None

@@ -1,5 +1,6 @@
 """The one OpenAI wire format (runner/agent/openai_wire.py): each writer's output is
-what each reader accepts (tests/ops/test_fake_endpoint.py holds the strict schema)."""
+what each reader accepts (the strict schema is in
+tests/ops/testing/fake_endpoint/test_server.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The admission desk against a real Redis: each operation, and processes racing.
 
-Any interleaving against a reference model: ``tests/runner/test_desk_model.py``.
+Any interleaving against a reference model: ``tests/runner/admission/test_desk_model.py``.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def test_a_writer_stopped_inside_the_fence_keeps_the_janitor_out(settings: Setti
     lease = pool.lease(job, 1)
     slot_dir = settings.slots_dir / lease.slot_id
     (slot_dir / "work").mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(slot_dir), job], env=env)
     try:
         # The kernel says when the writer has stopped itself (no polling of /proc).

@@ -20,7 +20,7 @@ from runner.cli.main import main
 from runner.core import keys
 from runner.core.settings import Settings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 USAGE = 2  # click's exit code for a usage error, kept as click has it
 
 VERBS = (
