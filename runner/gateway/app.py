@@ -40,8 +40,9 @@ from runner.agent import openai_wire as wire
 from runner.core.settings import Settings
 from runner.errors import RunnerError
 from runner.gateway.credentials import Caller
-from runner.gateway.forward import CONNECT_TIMEOUT_S, Forwarder, error, passed_headers
+from runner.gateway.forward import CONNECT_TIMEOUT_S, Forwarder
 from runner.gateway.metrics import GatewayMetrics
+from runner.gateway.replies import error, passed_headers
 from runner.redis_server import connect
 from tools.server.app import TOKEN_HEADER, is_loopback
 

@@ -16,7 +16,6 @@ and for an attempt another attempt of its job has superseded
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import secrets
 from dataclasses import dataclass
@@ -135,8 +134,8 @@ def authenticate(client: redis.Redis, secret: str) -> Caller | None:
     if raw is None or ttl_ms is None or int(ttl_ms) <= 0:
         return None
     try:
-        grant = Grant.model_validate(json.loads(raw))
-    except (ValueError, ValidationError):
+        grant = Grant.model_validate_json(raw)
+    except ValidationError:
         return None
     current = client.get(keys.job_attempt(grant.job_id))
     superseded_by = None

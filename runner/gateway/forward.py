@@ -27,7 +27,7 @@ never queue behind waiters (docs/architecture.md §Gateway).
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
@@ -51,7 +51,7 @@ from runner.admission.lease import (
 from runner.agent import openai_wire as wire
 from runner.gateway.credentials import Caller, Grant, authenticate
 from runner.gateway.metrics import GatewayMetrics
-from runner.gateway.stream import LeasedStream, error_event
+from runner.gateway.replies import LeasedStream, error, error_event, is_event_stream, passed_headers
 
 T = TypeVar("T")
 
@@ -63,36 +63,11 @@ CONNECT_TIMEOUT_S = 10.0
 STEP_BITS = 53  # each request is its own desk step, drawn at random
 ACQUIRE_THREADS = 256  # callers waiting at a desk at once, over every run
 QUICK_THREADS = 64  # apply, release, expire, cancel, authenticate
-# Upstream response headers not passed on: hop-by-hop, or this server's to write.
-_DROPPED = frozenset(
-    {
-        *("connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"),
-        *("proxy-authenticate", "proxy-authorization", "content-length", "content-encoding"),
-        *("date", "server", "set-cookie"),
-    }
-)
 
 
 def http_timeout_s(grant: Grant) -> float:
     """How long one request may stay out: a timed-out one is left to answer late."""
     return max(grant.request_timeout_s * HTTP_TIMEOUT_FACTOR, MIN_HTTP_TIMEOUT_S)
-
-
-def error(
-    status: int, message: str, kind: str, code: str, headers: Mapping[str, str] | None = None
-) -> Response:
-    """An OpenAI error object, so every client reports it as it reports its provider's."""
-    body = json.dumps(wire.error_object(message, kind, code)).encode()
-    return Response(body, status, headers=dict(headers or {}), media_type="application/json")
-
-
-def passed_headers(headers: httpx.Headers) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROPPED}
-
-
-def is_event_stream(response: httpx.Response) -> bool:
-    content_type: str = response.headers.get("content-type", "")
-    return content_type.startswith("text/event-stream")
 
 
 class Forwarder:
@@ -279,8 +254,11 @@ class Forwarder:
             await flight.release()
             self.metrics.outcome("upstream_4xx")
             return Response(body, status, headers=headers)
+        # The answer counts only if its lease is still live; a whole body is applied and
+        # released in one go, before the reply, so the caller's next request finds the
+        # capacity free; a stream keeps its lease to its end.
         try:
-            committed = await self.quick(flight.desk.apply, flight.lease)
+            committed = await (flight.apply() if relay else flight.apply_and_release())
         except StaleCompletion:
             committed = False
             self.metrics.stale()
@@ -291,28 +269,25 @@ class Forwarder:
             self.metrics.outcome("stale")
             return error(502, "the answer's lease was not live", "upstream_error", "stale")
         if relay:
-            return LeasedStream(self.relay(flight, response), status, headers=headers)
-        await flight.release()  # before the reply: the caller's next request finds it free
+            ended = functools.partial(flight.end_stream, response)
+            return LeasedStream(self.relay(flight, response), status, headers, ended)
         self.metrics.outcome("completed")
         return Response(body, status, headers=headers)
 
     async def relay(self, flight: Flight, response: httpx.Response) -> AsyncGenerator[bytes, None]:
         """The upstream's stream as it comes; the lease is released when it ends, breaks,
-        or the caller goes away (the generator is closed or cancelled)."""
-        outcome = "client_gone"
+        or the caller goes away (the generator is closed or cancelled, or never started:
+        then :class:`LeasedStream` ends the flight itself)."""
         try:
             try:
                 async for piece in response.aiter_raw():
                     yield piece
-                outcome = "streamed"
+                flight.outcome = "streamed"
             except httpx.HTTPError as exc:
-                outcome = "stream_broken"
+                flight.outcome = "stream_broken"
                 yield error_event(f"the upstream broke off the stream: {type(exc).__name__}")
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
-            await flight.release()
-            self.metrics.outcome(outcome)
+            await flight.end_stream(response)
 
 
 class Flight:
@@ -323,6 +298,7 @@ class Flight:
         self.desk = desk
         self.lease = lease
         self.released = False
+        self.outcome = "client_gone"  # a stream's, until it ends otherwise
 
     async def release(self) -> None:
         if self.released:
@@ -336,6 +312,34 @@ class Flight:
             except redis.RedisError:
                 # The desk counts this lease until its epoch ends; nothing else can be done.
                 self.forwarder.metrics.counts["release_failed"] += 1
+
+    async def apply(self) -> bool:
+        return await self.forwarder.quick(self.desk.apply, self.lease)
+
+    async def apply_and_release(self) -> bool:
+        """Apply, then release whatever the apply said: one trip to a worker thread."""
+
+        def both() -> bool:
+            try:
+                return self.desk.apply(self.lease)
+            finally:
+                self.desk.release(self.lease)
+
+        self.released = True
+        self.forwarder.metrics.leased(-1)
+        committed = False
+        with anyio.CancelScope(shield=True):
+            committed = await self.forwarder.quick(both)
+        return committed
+
+    async def end_stream(self, response: httpx.Response) -> None:
+        """A relayed stream is over, however it ended: close it upstream, release, count."""
+        if self.released:
+            return
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        await self.release()
+        self.forwarder.metrics.outcome(self.outcome)
 
     async def judge_late(self, task: asyncio.Future[httpx.Response]) -> None:
         """Past the local timeout, the lease expired: judge its late answer when it comes,

@@ -28,7 +28,17 @@ class GatewayStartError(RunnerError):
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (``port=0``: any free one); OSError if not."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=BACKLOG)
+    # The protocol named, not 0: asyncio turns Nagle off only on sockets whose proto is
+    # IPPROTO_TCP, and with it on every reply waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _server(app: ASGIApp) -> uvicorn.Server:

@@ -14,7 +14,7 @@ import redis
 
 from ops.testing.stack import Child, free_port, slotrunner_argv, wait_http
 from runner.admission.desk import AdmissionDesk
-from runner.core.poll import poll_until
+from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
 from runner.gateway.app import create_app
 from runner.gateway.credentials import Credential, mint_credential
@@ -84,7 +84,16 @@ class Gateway:
 
     def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 20) -> None:
         """Until ``predicate`` holds on the gateway's own counts (``/stats`` "gateway")."""
-        poll_until(lambda: predicate(self.stats()["gateway"]), timeout_s, interval_s=0.02)
+        seen: dict[str, Any] = {}
+
+        def holds() -> bool:
+            seen.update(self.stats()["gateway"])
+            return predicate(seen)
+
+        try:
+            poll_until(holds, timeout_s, interval_s=0.02)
+        except PollTimeout:
+            raise AssertionError(f"the gateway's counts never got there: {seen}") from None
 
 
 def client(credential: Credential, **options: Any) -> openai.OpenAI:

@@ -141,3 +141,27 @@ def test_an_upstream_error_before_a_stream_starts_is_a_502_not_a_broken_stream(
         assert desk_stats(redis_client, run, 1)["in_flight"] == 0
     finally:
         server.close()
+
+
+def test_a_caller_gone_before_the_first_byte_still_gives_its_lease_back(
+    gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
+) -> None:
+    """The agent gives up while the upstream has not even answered; the upstream then
+    answers with a stream nobody reads: its lease is released (whether the gateway saw
+    the caller leave before the stream began, or only while writing it)."""
+    server, url = endpoint
+    run = new_run()
+    credential = gateway.mint(url, eval_run=run, bound=1)
+    server.endpoint.hold()
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            stream(client(credential, timeout=0.5))
+    finally:
+        server.endpoint.release()
+    gateway.wait_for(
+        lambda g: (
+            g["outcomes"]["client_gone"] + g["outcomes"]["streamed"] == 1 and g["leases_held"] == 0
+        )
+    )
+    assert desk_stats(gateway.redis, run, 1)["in_flight"] == 0
+    server.endpoint.wait_for(lambda s: s["requests_open"] == 0, 10)
