@@ -24,7 +24,17 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import detector, e2e, mcp_call, memory, pipeline, receipts, recycle, sandbox_start
+from bench import (
+    detector,
+    e2e,
+    gateway,
+    mcp_call,
+    memory,
+    pipeline,
+    receipts,
+    recycle,
+    sandbox_start,
+)
 from bench.fixtures import REPO_ROOT, Context
 from bench.machine import describe
 from bench.report import render
@@ -34,6 +44,7 @@ from runner.redis_server import EmbeddedRedis
 BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "pipeline": pipeline.run,
     "mcp": mcp_call.run,
+    "gateway": gateway.run,
     "recycle": recycle.run,
     "receipts": receipts.run,
     "detector": detector.run,
