@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
-import re
 from operator import attrgetter
 
 import httpx
 import pytest
 
 import tools
+from tests.support.errortree import assert_drawn_as_defined, public_errors
 from tools import errors
 from tools.client import OutcomeUnknown, ToolCallError, ToolRefused, TransportFailed, _decode
 from tools.errors import ToolError
@@ -19,36 +16,14 @@ from tools.reasons import Reason
 
 
 def _public_errors() -> dict[str, type[BaseException]]:
-    found: dict[str, type[BaseException]] = {}
-    for info in pkgutil.walk_packages(tools.__path__, "tools."):
-        module = importlib.import_module(info.name)
-        for name, obj in vars(module).items():
-            if (
-                inspect.isclass(obj)
-                and issubclass(obj, BaseException)
-                and obj.__module__ == info.name
-                and not name.startswith("_")
-            ):
-                found[f"{info.name}.{name}"] = obj
-    return found
+    return public_errors(tools)
 
 
 def test_every_public_error_derives_from_the_root_and_is_drawn() -> None:
     """No exception class of tools stands outside ToolError or outside the drawing."""
     found = _public_errors()
     assert len(found) >= 12, sorted(found)
-    outside = sorted(q for q, cls in found.items() if not issubclass(cls, ToolError))
-    assert outside == []
-    drawn: dict[str, str | None] = {}  # name -> the parent it is drawn under
-    parents: list[str] = []
-    for prefix, name in re.findall(r"(?m)^    ([│├└─ ]*)([A-Z]\w+)", errors.__doc__ or ""):
-        depth = len(prefix) // 4
-        del parents[depth:]
-        drawn[name] = parents[-1] if parents else None
-        parents.append(name)
-    assert set(drawn) == {cls.__name__ for cls in found.values()}
-    actual = {cls.__name__: cls.__bases__[0].__name__ for cls in found.values()}
-    assert {n: p for n, p in drawn.items() if p} == {n: actual[n] for n in drawn if drawn[n]}
+    assert_drawn_as_defined(found, ToolError, errors.__doc__)
 
 
 @pytest.mark.parametrize("cls", sorted(_public_errors().values(), key=attrgetter("__name__")))
