@@ -73,6 +73,13 @@ def test_the_contracts_place_every_part_of_runner() -> None:
     assert forbidden_to_tools == (parts - {"runner.core", "runner.errors"}) | {"hooks", "ops"}
 
 
+def test_no_part_of_the_packages_but_the_agent_imports_its_adapters() -> None:
+    """Every part of runner outside runner.agent, tools and hooks is forbidden the
+    adapters (runner.agent.adapters): a job loads them by entry only."""
+    sources = set(_contract("adapters-not-imported")["source_modules"])
+    assert sources == (_runner_parts() - {"runner.agent"}) | {"tools", "hooks"}
+
+
 # -- the contracts can fail --------------------------------------------------------------
 
 
