@@ -43,9 +43,9 @@ from pathlib import Path
 import redis
 from celery import Celery
 
-from bench.e2e_inproc import InProcess
 from bench.e2e_job import LANES, STEPS, job_spec, repo_files
 from bench.fixtures import Context, child_env, make_repo, settings_for, toolserver
+from bench.inprocess import InProcess
 from bench.machine import tree_hwm_mb, vm_hwm_mb
 from bench.stats import (
     BenchError,
