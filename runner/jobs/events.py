@@ -30,3 +30,12 @@ SLOT_CANCEL_REQUESTED: Final = "slot_cancel_requested"
 JOB_HEARTBEAT_ERROR: Final = "job_heartbeat_error"
 # a janitor sweep failed as a whole (a Redis blip); the next sweep tries again: error
 JANITOR_ERROR: Final = "janitor_error"
+# a command planner's agent process started: job_id, attempt, pid, program, cgroup
+AGENT_STARTED: Final = "agent_started"
+# ... and it and every process it started are gone (logged before the slot's release):
+# job_id, attempt, pid, ended_by (exited | deadline | a stop reason), exit_code,
+# leftovers (other processes of its tree killed), survivors (pids that would not die)
+AGENT_ENDED: Final = "agent_ended"
+# an attempt ended what was left of an older attempt's agent on this host (its worker
+# died): job_id, attempt, older_attempt, killed
+AGENT_LEFTOVERS_ENDED: Final = "agent_leftovers_ended"

@@ -41,6 +41,48 @@ class OpenAIPlanner(_Model):
     admission_bound: int = Field(default=4, ge=1, le=4096)
 
 
+class ModelAccess(_Model):
+    """The ``model`` block of a ``python`` or ``command`` planner: the agent's own model
+    traffic goes through the admission gateway to ``base_url``, every request holding a
+    lease of the eval-run's desk (docs/architecture.md §Gateway). The fields are the
+    openai planner's; ``admission_wait_s`` is how long a request may wait for a lease."""
+
+    base_url: str = Field(min_length=1, max_length=2000)  # the upstream's API base
+    api_key_env: str | None = Field(default=None, min_length=1, max_length=200)
+    request_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
+    admission_bound: int = Field(default=4, ge=1, le=4096)
+    admission_wait_s: float = Field(default=30.0, ge=0, le=86_400)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+
+# What a ``command`` agent is given (runner.agent.command); its spec's ``env`` may not
+# set any of them, nor anything else of slotrunner's own namespace.
+RESERVED_ENV_PREFIX = "SLOTRUNNER_"
+# With a ``model`` block these point OpenAI clients at the gateway: not the spec's either.
+MODEL_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def env_problem(env: dict[str, str], *, model: bool) -> str | None:
+    """Why a ``command`` planner's ``env`` cannot be used, or None."""
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            return f"env: {name!r} is not a variable name (letters, digits, _; at most 128)"
+        if name.upper().startswith(RESERVED_ENV_PREFIX):
+            return f"env: {name} is slotrunner's to set (names starting {RESERVED_ENV_PREFIX})"
+        if model and name.upper() in MODEL_ENV:
+            return f"env: {name} is set by the runner to the gateway when a model block is given"
+        if "\x00" in value or len(value) > 65_536:
+            return f"env: the value of {name} has a NUL or is longer than 65536 characters"
+    return None
+
+
 # ``package.module:function`` (dotted names on both sides: a function of a class works).
 ENTRY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
 
@@ -53,6 +95,7 @@ class PythonPlanner(_Model):
     kind: Literal["python"]
     entry: str = Field(min_length=3, max_length=512)
     config: dict[str, Any] = Field(default_factory=dict)
+    model: ModelAccess | None = None
 
     @field_validator("entry")
     @classmethod
@@ -62,7 +105,42 @@ class PythonPlanner(_Model):
         return value
 
 
-Planner = Annotated[ScriptedPlanner | OpenAIPlanner | PythonPlanner, Field(discriminator="kind")]
+class CommandPlanner(_Model):
+    """An external agent process, of any language, started by the worker with the lease's
+    MCP URL and token in its environment (``runner.agent.command``,
+    docs/architecture.md §Agents)."""
+
+    kind: Literal["command"]
+    argv: list[str] = Field(min_length=1, max_length=1024)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    model: ModelAccess | None = None
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, value: list[str]) -> list[str]:
+        if any("\x00" in part for part in value):
+            raise ValueError("argv must be a list of strings without NUL")
+        program = value[0]
+        if not program or ("/" in program and not program.startswith("/")):
+            # Its working directory is a fresh scratch directory: a relative path would
+            # name nothing there.
+            raise ValueError(
+                f"argv[0] {program!r} must be a program name looked up on PATH or an absolute path"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _env_names(self) -> CommandPlanner:
+        problem = env_problem(self.env, model=self.model is not None)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+Planner = Annotated[
+    ScriptedPlanner | OpenAIPlanner | PythonPlanner | CommandPlanner,
+    Field(discriminator="kind"),
+]
 
 
 def unknown_tools(names: Iterable[str]) -> str | None:
@@ -146,3 +224,6 @@ class JobResult(BaseModel):
     reason: str | None = None
     sandbox: str | None = None
     planner: dict[str, int] = Field(default_factory=dict)
+    # A ``command`` agent's process: exit code, how it ended, its output's tail
+    # (runner.agent.command.CommandOutcome.summary).
+    agent: dict[str, Any] | None = None
