@@ -34,9 +34,10 @@ the snapshots, the release and the result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -44,7 +45,7 @@ from pydantic import ValidationError
 from runner.agent import openai_wire as wire
 from runner.agent.loop import AgentRun
 from runner.errors import RunnerError
-from runner.jobs.models import Step, StepRecord
+from runner.jobs.models import JobSpec, Step, StepRecord
 from tools import registry
 from tools.client import OutcomeUnknown, ToolCallError, ToolRefused, TransportFailed
 from tools.reasons import Reason
@@ -144,6 +145,17 @@ class Workspace:
         return self._tools
 
     @property
+    def spec(self) -> JobSpec:
+        """The job's spec, its ``deadline_s`` counted from when this attempt began."""
+        return self._run.spec
+
+    @property
+    def closed(self) -> str | None:
+        """Why every call is refused now (the job stopped, the deadline passed, the
+        function returned: the reasons of :meth:`close`), or None while open."""
+        return self._closed
+
+    @property
     def token(self) -> str | None:
         """The lease's bearer token (docs/architecture.md §Lease tokens), for a client
         of the MCP endpoint; None when the lease has none."""
@@ -213,7 +225,56 @@ class Workspace:
             if self._closed is None:
                 self._closed = reason
 
+    @contextlib.contextmanager
+    def outside_call(self, tool: str) -> Iterator[tuple[AgentRun, int]]:
+        """One call the agent sends itself, through the MCP door with :attr:`token` (an
+        adapter's: ``runner.agent.adapters.openai_agents``). Refused as this handle's
+        own calls are (closed, the job stopping, ``max_steps`` calls made, the deadline
+        passed), it takes a step and holds the handle until the block ends, so that
+        :meth:`close` waits for it. Yields the agent run, for the block to record the
+        call in (``records``, ``counts``), and the step's index."""
+        with self._lock:
+            self._check_open(tool)
+            index = self._next
+            if index >= self._run.spec.max_steps:
+                raise WorkspaceCallError(
+                    f"{tool}: max_steps={self._run.spec.max_steps} calls made", MAX_STEPS, tool=tool
+                )
+            self._next += 1
+            self._check_deadline(tool, index)
+            yield self._run, index
+
     # -- one call -----------------------------------------------------------------
+
+    def _check_open(self, name: str) -> None:
+        """Raise unless the handle is open and the job need not stop."""
+        if self._closed is not None:
+            raise WorkspaceCallError(
+                f"{name}: the workspace is closed ({self._closed})", self._closed, tool=name
+            )
+        run = self._run
+        stop = run.should_stop() if run.should_stop is not None else None
+        if stop is not None:
+            run.stopped = self._closed = stop
+            raise WorkspaceCallError(f"{name}: the job stopped ({stop})", stop, tool=name)
+
+    def _check_deadline(self, name: str, index: int) -> None:
+        """Record the call as failed, close the handle and raise once the deadline passed."""
+        if self._run.remaining_s() > 0:
+            return
+        self._run.records.append(
+            StepRecord(
+                index=index,
+                tool=name,
+                idempotency_key=None,
+                outcome="failed",
+                detail="deadline exceeded",
+            )
+        )
+        self._closed = DEADLINE_EXCEEDED
+        raise WorkspaceCallError(
+            f"{name}: the job's deadline has passed", DEADLINE_EXCEEDED, tool=name, step=index
+        )
 
     def _call(self, name: str, raw: Mapping[str, Any] | str | None) -> dict[str, Any]:
         if self._closed is not None:
@@ -228,11 +289,8 @@ class Workspace:
             )
         if problem is not None:
             self._refuse_locally(name, *problem)
+        self._check_open(name)
         run = self._run
-        stop = run.should_stop() if run.should_stop is not None else None
-        if stop is not None:
-            run.stopped = self._closed = stop
-            raise WorkspaceCallError(f"{name}: the job stopped ({stop})", stop, tool=name)
         canonical = json.dumps(args, sort_keys=True, default=str)
         resend = self._unsettled
         if resend is not None and resend[:2] == (name, canonical):
@@ -244,20 +302,7 @@ class Workspace:
                     f"{name}: max_steps={run.spec.max_steps} calls made", MAX_STEPS, tool=name
                 )
             self._next += 1
-        if run.remaining_s() <= 0:
-            run.records.append(
-                StepRecord(
-                    index=index,
-                    tool=name,
-                    idempotency_key=None,
-                    outcome="failed",
-                    detail="deadline exceeded",
-                )
-            )
-            self._closed = DEADLINE_EXCEEDED
-            raise WorkspaceCallError(
-                f"{name}: the job's deadline has passed", DEADLINE_EXCEEDED, tool=name, step=index
-            )
+        self._check_deadline(name, index)
         sent = run.send(index, Step(tool=name, args=args))
         run.records.append(sent.record)
         if sent.error is not None:
