@@ -40,6 +40,11 @@ as a second base (marked ``+``)::
     ├── WorkspaceCallError               runner.agent.api: a python agent's call refused,
     │   │                                stale or not made (``reason`` says why)
     │   └── WorkspaceOutcomeUnknown      sent, and its outcome is unknown
+    ├── CommandError  + ValueError       runner.agent.command: a command planner's program
+    │                                    that cannot be found or started
+    ├── MiniSweAgentError                runner.agent.adapters.mini_swe_agent: a config
+    │                                    that cannot run in a slot, or an agent that
+    │                                    ended without submitting
     ├── GatewayConfigError               runner.gateway.app: the gateway would listen
     │                                    off loopback without a token
     ├── GatewayStartError                runner.gateway.server: its server did not come up

@@ -1,0 +1,5 @@
+"""Count the words of a text."""
+
+
+def count_words(text):
+    return len(text.split(" "))
