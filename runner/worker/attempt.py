@@ -16,18 +16,28 @@ from pathlib import Path
 from typing import Any
 
 from runner.agent.api import Workspace
+from runner.agent.command import AgentAccess
 from runner.agent.function import run_function
 from runner.agent.loop import AgentRun, ScriptedSteps
 from runner.agent.planners import ChatPlanner, PlannerError, PlannerStopped, admission_desk
 from runner.core import keys
 from runner.core.stamp import Stamp
+from runner.gateway.credentials import Credential
 from runner.jobs import backpressure, entry
 from runner.jobs import events as job_events
-from runner.jobs.models import JobResult, JobSpec, PythonPlanner, ScriptedPlanner, StepRecord
+from runner.jobs.models import (
+    CommandPlanner,
+    JobResult,
+    JobSpec,
+    PythonPlanner,
+    ScriptedPlanner,
+    StepRecord,
+)
 from runner.jobs.results import finish
 from runner.slots.fence import LeaseLostError, fenced
 from runner.slots.lease_keeper import LeaseKeeper
 from runner.slots.pool import Lease, NoSlotFree, ReleaseRefused
+from runner.worker import agents
 from runner.worker.context import WorkerContext
 from runner.worker.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
 from runner.workspace.git import WorkspaceError
@@ -73,6 +83,10 @@ class Attempt:
         self.lease: Lease | None = None
         # A ``python`` planner's function, loaded before any slot is leased.
         self.agent_fn: Any = None
+        # The agent's gateway credential, with a ``model`` block (runner.worker.agents).
+        self.credential: Credential | None = None
+        # A ``command`` agent's process as the result reports it (``JobResult.agent``).
+        self.agent_summary: dict[str, Any] | None = None
 
     def stop_reason(self) -> str | None:
         if self.beat.superseded.is_set():
@@ -99,6 +113,10 @@ class Attempt:
                 self.agent_fn = entry.load(self.spec.planner.entry)
             except entry.EntryError as exc:
                 return self.finish(self.result("rejected", str(exc)))
+        if isinstance(self.spec.planner, CommandPlanner):
+            problem = agents.command_problem(self.ctx, self.spec, self.attempt)
+            if problem is not None:
+                return self.finish(self.result("rejected", problem))
         left_s = backpressure.deadline_left_s(self.spec.deadline_s, self.submitted_at, time.time())
         if backpressure.too_late(left_s, config.min_deadline_s):
             return self.finish(
@@ -109,6 +127,18 @@ class Attempt:
                 ),
                 counter=backpressure.DEADLINE,
             )
+        try:
+            self.credential = agents.mint_for(self.ctx, self.spec, self.attempt, left_s)
+        except ValueError as exc:
+            return self.finish(self.result("rejected", f"planner.model: {exc}"))
+        try:
+            return self.lease_and_work(left_s)
+        finally:
+            agents.revoke(self.ctx, self.credential)
+
+    def lease_and_work(self, left_s: float) -> JobResult:
+        """Lease a slot, work in it, release it, commit the result (module docstring)."""
+        config = self.ctx.config
         self.sweep()
         try:
             stamp = self.ctx.slots.lease(
@@ -191,6 +221,7 @@ class Attempt:
                     else "the slot lease was lost (reclaimed by the janitor)",
                     steps=[r.model_dump() for r in records],
                     counts=run.counts.model_dump(),
+                    agent=self.agent_summary,
                     **where,
                 )
             if run.stopped == CANCELLED:
@@ -198,12 +229,13 @@ class Attempt:
             with self.fenced(slot_dir, stamp):
                 _, end_tree = ctx.workspaces.snapshot(slot_dir, job_id, "end")
                 diff = ctx.workspaces.diff(slot_dir, prepared.base_commit)
-            # A python agent sees its calls' outcomes and decides: it fails by raising.
+            # An agent of one's own sees its calls' outcomes and decides: it fails by
+            # raising or by its exit status.
             failed = [
                 r
                 for r in records
                 if r.outcome in ("failed", "refused", "unknown")
-                and not isinstance(spec.planner, PythonPlanner)
+                and not isinstance(spec.planner, PythonPlanner | CommandPlanner)
             ]
             if run.stopped == CANCELLED:
                 state, reason = "cancelled", f"cancelled by request after {len(records)} step(s)"
@@ -223,6 +255,7 @@ class Attempt:
                 counts=run.counts.model_dump(),
                 sandbox=_sandbox_mode(records),
                 planner=planner_stats,
+                agent=self.agent_summary,
                 **where,
             )
         except WorkspaceError as exc:
@@ -239,13 +272,27 @@ class Attempt:
         """Run the job's planner over ``run``: its records, the planner's failure (the
         job's reason) and its counters. A python agent gets the lease's handle."""
         spec = self.spec.planner
+        lease, credential = self.lease, self.credential
+        if isinstance(spec, CommandPlanner):
+            access = AgentAccess(
+                self.job_id,
+                self.attempt,
+                mcp_url=lease.mcp_url if lease is not None else None,
+                token=lease.token if lease is not None else None,
+                gateway_url=credential.gateway_url if credential is not None else None,
+                gateway_key=credential.secret if credential is not None else None,
+            )
+            ran = agents.drive_command(self.ctx, run, access, self.stop_reason)
+            self.agent_summary = ran.summary or None
+            return run.records, ran.failure, {}
         if isinstance(spec, PythonPlanner):
-            lease = self.lease
             workspace = Workspace(
                 run,
                 tools=self.spec.tools,
                 token=lease.token if lease is not None else None,
                 mcp_url=lease.mcp_url if lease is not None else None,
+                gateway_url=credential.gateway_url if credential is not None else None,
+                gateway_key=credential.secret if credential is not None else None,
             )
             outcome = run_function(
                 self.agent_fn,
@@ -275,7 +322,7 @@ class Attempt:
         spec = self.spec.planner
         if isinstance(spec, ScriptedPlanner):
             return ScriptedSteps(spec)
-        assert not isinstance(spec, PythonPlanner)  # run by drive()
+        assert not isinstance(spec, PythonPlanner | CommandPlanner)  # run by drive()
         desk = admission_desk(
             self.ctx.redis,
             spec,

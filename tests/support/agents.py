@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from runner.agent.api import Workspace, WorkspaceCallError
@@ -53,3 +54,20 @@ def sleep_then_write(workspace: Workspace, config: dict[str, Any]) -> None:
         workspace.write_file(path="late.txt", content="too late\n")
     except WorkspaceCallError:
         return
+
+
+def chat_through_gateway(workspace: Workspace, config: dict[str, Any]) -> None:
+    """One chat completion through the job's gateway URL and credential, with the
+    official client; its answer written into the tree. Keeps the credential in
+    ``config["key_file"]`` (outside the slot) for the test to try once the job ended."""
+    import openai
+
+    assert workspace.gateway_url is not None and workspace.gateway_key is not None
+    Path(str(config["key_file"])).write_text(workspace.gateway_key)
+    client = openai.OpenAI(
+        base_url=workspace.gateway_url, api_key=workspace.gateway_key, max_retries=0
+    )
+    reply = client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hello"}]
+    )
+    workspace.write_file(path="reply.txt", content=f"{reply.choices[0].message.content}\n")
