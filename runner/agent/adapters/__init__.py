@@ -7,4 +7,6 @@ works without the ``agents`` extra (docs/architecture.md §Agents).
 
 - ``runner.agent.adapters.mini_swe_agent:run``: mini-swe-agent's ``DefaultAgent`` with
   an environment whose bash commands go through the fenced ``exec`` tool.
+- ``runner.agent.adapters.openai_agents:run``: the OpenAI Agents SDK's ``Agent`` over
+  the slot's MCP door with the lease token, each call fenced by the handle.
 """
