@@ -1,0 +1,1 @@
+"""An MCP client run as slotrunner's ``command`` planner (see README.md here)."""
