@@ -18,15 +18,19 @@ import httpx
 from click.testing import CliRunner
 
 from ops.cli import ops
+from ops.testing.fake_endpoint.plan import FakeEndpointConfig, ScriptStep
+from ops.testing.fake_endpoint.server import serve
 from runner.core.settings import Settings
 from runner.core.stamp import SlotState, read_stamp
 from runner.jobs.submit import submit
+from tests.support.gateway import Gateway, desk_stats, new_run, upstream
 from tests.support.repos import REPO, make_repo
 from tests.support.stack import FAST, UNACKED_RESTORE_S, Stack, run_cli, stack, wait_until
 
 EXAMPLE = REPO / "examples" / "mini_swe_agent"
 # LitellmTextbasedModel's action regex: how mini-swe-agent reads a reply's command.
 ACTION = re.compile(r"```mswea_bash_command\s*\n(.*?)\n```", re.DOTALL)
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 SLOW = "sleep 3"
 # Waits until the test opens it (at most a minute), then removes it: no trace in the tree.
 GATED = "for i in $(seq 1200); do [ -e .gate ] && break; sleep 0.05; done; rm -f .gate"
@@ -117,6 +121,49 @@ def test_default_agent_edits_runs_the_tests_and_submits(settings: Settings, tmp_
             assert [e["outcome"] for e in logged] == ["applied"]
         assert list(home.iterdir()) == []
         clean_log(s)
+
+
+def test_an_openai_compatible_model_reaches_its_upstream_through_the_gateway(
+    settings: Settings, redis_client: Any, tmp_path: Path
+) -> None:
+    """litellm's tool-call model at the job's gateway, upstream the fake endpoint
+    scripted to call mini-swe-agent's bash tool: the edit, the tests, the submission;
+    the job succeeds and every completion held a lease of the run's desk."""
+    fix = "sed -i 's/text.split(\" \")/text.split()/' wordcount.py"
+    script = tuple(
+        ScriptStep(tool="bash", args={"command": command})
+        for command in (fix, "python3 -m unittest -q", f"echo {SUBMIT} && git diff")
+    )
+    endpoint, port = serve(FakeEndpointConfig(seed=5, script=script))
+    gateway = Gateway.in_process(settings, redis_client)
+    run = new_run()
+    try:
+        with stack(settings, tmp_path, SLOTRUNNER_GATEWAY_URL=gateway.url) as s:
+            s.worker("w1")
+            repo, base = sample(tmp_path)
+            spec = example_spec(repo, base, "mini-gateway-1")
+            planner = spec["planner"]
+            planner["config"] |= {
+                "base_config": "mini",
+                "model": {"model_class": "litellm", "model_name": "fake-model"},
+            }
+            planner["model"] = {"base_url": upstream(port), "admission_bound": 2}
+            spec["eval_run"] = run
+            submit(s.app, s.redis, spec)
+            result = s.result("mini-gateway-1", timeout_s=120)
+            assert result.state == "succeeded", (result.reason, s.tails())
+            assert [(step.tool, step.outcome) for step in result.steps] == [("exec", "applied")] * 3
+            assert "+    return len(text.split())" in result.diff
+            clean_log(s)
+        served = endpoint.endpoint.stats()
+        desk = desk_stats(redis_client, run, 2)
+        seen = gateway.stats()
+    finally:
+        gateway.stop()
+        endpoint.close()
+    assert served["completed"] == 3
+    assert seen["gateway"]["outcomes"]["completed"] == 3, seen
+    assert desk["committed"] == 3 and desk["in_flight"] == 0
 
 
 def test_a_worker_killed_under_the_agent_resumes_it_as_a_fenced_new_attempt(

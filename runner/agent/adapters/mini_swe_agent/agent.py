@@ -115,9 +115,13 @@ def build_model(section: dict[str, Any], workspace: Workspace) -> Any:
         replies = [_output(index, output, regex) for index, output in enumerate(outputs)]
         return DeterministicModel(outputs=replies, **cfg)  # type: ignore[no-untyped-call]
     if kind in GATEWAY_MODELS:
+        config = gateway_model_config(kind or "litellm", cfg, workspace)
+        import litellm
         from minisweagent.models import get_model
 
-        return get_model(config=gateway_model_config(kind or "litellm", cfg, workspace))
+        # litellm prints a provider list whenever it cannot price the gateway's model.
+        litellm.suppress_debug_info = True
+        return get_model(config=config)
     raise MiniSweAgentError(
         f"model.model_class {kind!r}: a slot runs 'deterministic' (offline) or an "
         f"OpenAI-compatible model through the gateway ({', '.join(filter(None, GATEWAY_MODELS))})"
