@@ -77,6 +77,11 @@ def run(workspace: Workspace, config: dict[str, Any]) -> dict[str, str]:
         job = MiniJobConfig.model_validate(config)
     except ValidationError as exc:
         raise MiniSweAgentError(f"mini-swe-agent config: {_problems(exc)}") from None
+    if "exec" not in workspace.tools:
+        raise MiniSweAgentError(
+            f"mini-swe-agent runs bash through exec, which is not among this job's tools "
+            f"({', '.join(workspace.tools)})"
+        )
     prefix = f"slotrunner-mswea-{workspace.job_id}-a{workspace.attempt}-"
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch, framework_env(Path(scratch)):
         from minisweagent.agents.default import DefaultAgent
@@ -90,7 +95,15 @@ def run(workspace: Workspace, config: dict[str, Any]) -> dict[str, str]:
             )
         except ValidationError as exc:  # the sections, as mini-swe-agent's models read them
             raise MiniSweAgentError(f"mini-swe-agent config: {_problems(exc)}") from None
-        outcome = agent.run(job.task)
+        try:
+            outcome = agent.run(job.task)
+        except IndexError:
+            if not _ran_out(model):
+                raise
+            raise MiniSweAgentError(
+                f"the deterministic model ran out of outputs after {agent.n_calls - 1} "
+                "without a submission"
+            ) from None
     status = str(outcome.get("exit_status") or "")
     if status != "Submitted":
         raise MiniSweAgentError(
@@ -153,6 +166,13 @@ def gateway_model_config(kind: str, cfg: dict[str, Any], workspace: Workspace) -
         "model_name": name if name.startswith("openai/") else f"openai/{name}",
         "model_kwargs": kwargs,
     }
+
+
+def _ran_out(model: Any) -> bool:
+    """Whether a deterministic model was asked past its last output."""
+    outputs = getattr(getattr(model, "config", None), "outputs", None)
+    index = getattr(model, "current_index", None)
+    return isinstance(outputs, list) and isinstance(index, int) and index >= len(outputs)
 
 
 def _output(index: int, output: Any, regex: str) -> dict[str, Any]:

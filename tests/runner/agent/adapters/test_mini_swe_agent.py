@@ -196,6 +196,13 @@ def test_an_agent_that_does_not_submit_fails_with_its_exit_status(host: Host) ->
     assert len(ws.steps) == 1
 
 
+def test_a_deterministic_model_without_a_submission_says_it_ran_out(host: Host) -> None:
+    _, ws = host.handle("mini-run-out")
+    with pytest.raises(MiniSweAgentError, match="ran out of outputs after 2 without a submission"):
+        run(ws, mini_config("true", "true"))
+    assert len(ws.steps) == 2
+
+
 def test_a_refused_call_stops_the_agent_instead_of_reaching_the_model(host: Host) -> None:
     """The lease released under the agent after its first command: the next one is
     refused by the tool server and raised out of DefaultAgent.run, not observed."""
