@@ -68,6 +68,10 @@ INHERITED = (
 )  # fmt: skip
 _FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
 WATCH_S = 0.2
+# How the agent ended (``ended_by``), beside the stop reasons (superseded, cancelled,
+# lease_lost: runner.worker.attempt).
+EXITED = "exited"
+DEADLINE = "deadline"
 TERM_GRACE_S = 5.0
 # How much of the output's tail a failed job's reason quotes (the result keeps more).
 REASON_TAIL_CHARS = 600
@@ -181,10 +185,12 @@ def run_command(
         shutil.rmtree(scratch, ignore_errors=True)
         return CommandOutcome(failure=f"the agent command {program!r} could not be started: {exc}")
     cgroup = str(proc.cgroup.path) if proc.cgroup is not None else None
+    # Plain, not durable: it is for a worker that dies, and a host that crashes takes
+    # the agent with it.
     record.write_text(json.dumps({"pid": proc.pid, "marker": marker, "cgroup": cgroup}))
     who = {"job_id": access.job_id, "attempt": access.attempt, "pid": proc.pid}
     emit(job_events.AGENT_STARTED, **who, program=program, cgroup=cgroup is not None)
-    ended_by, signalled = "exited", None
+    ended_by, signalled = EXITED, None
     try:
         while True:
             stop = stop_reason()
@@ -194,9 +200,9 @@ def run_command(
             if proc.wait_exit(WATCH_S):
                 break
             if remaining_s() <= 0:
-                ended_by = "deadline"
+                ended_by = DEADLINE
                 break
-        if ended_by != "exited" and not proc.exited():
+        if ended_by != EXITED and not proc.exited():
             proc.terminate()
             signalled = "SIGTERM" if proc.wait_exit(TERM_GRACE_S) else "SIGKILL"
     finally:
@@ -231,7 +237,7 @@ def run_command(
     if ended.survivors:
         left = f"{len(ended.survivors)} process(es) of the agent would not die: {ended.survivors}"
         failure = f"{failure}; {left}" if failure else left
-    stopped = None if ended_by in ("exited", "deadline") else ended_by
+    stopped = None if ended_by in (EXITED, DEADLINE) else ended_by
     return CommandOutcome(failure, stopped, summary, steps, counts)
 
 
@@ -243,9 +249,9 @@ def _shell_status(returncode: int) -> int:
 def _failure(program: str, ended_by: str, returncode: int, output: str) -> str | None:
     tail = output.strip()[-REASON_TAIL_CHARS:].replace("\n", " | ")
     said = f"; output ends: {tail}" if tail else ""
-    if ended_by == "deadline":
+    if ended_by == DEADLINE:
         return f"deadline exceeded: the agent command {program} had not exited{said}"
-    if ended_by != "exited" or returncode == 0:
+    if ended_by != EXITED or returncode == 0:
         return None
     if returncode < 0:
         number = -returncode

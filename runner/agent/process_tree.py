@@ -46,7 +46,7 @@ KILL_WAIT_S = 10.0
 _POLL_S = 0.01
 # Join the cgroup (best effort: without it the session, group and marker still find
 # the tree), then become the agent: the shell's pid is the agent's.
-_JOIN = 'echo $$ > "$1" 2>/dev/null; shift; exec "$@"'
+_JOIN = '{ echo $$ > "$1"; } 2>/dev/null; shift; exec "$@"'
 
 
 class _Tail:
