@@ -219,8 +219,8 @@ def test_a_leftover_child_is_dead_before_the_release_and_never_reaches_the_next_
     settings: Settings, tmp_path: Path
 ) -> None:
     """The agent exits 0 leaving a grandchild in a session of its own that would write
-    into the slot's tree three seconds later: killed before the release (/proc), and
-    the next job in that slot, running past the three seconds, never sees its file."""
+    into the slot's tree five seconds later: killed before the release (/proc), and
+    the next job in that slot, running past the five seconds, never sees its file."""
     out = tmp_path / "out"
     out.mkdir()
     with stack(settings.with_(slots=1), tmp_path, PYTHONPATH=agent_pythonpath()) as s:
@@ -233,7 +233,7 @@ def test_a_leftover_child_is_dead_before_the_release_and_never_reaches_the_next_
         assert not alive(leaver)
         assert first.agent is not None and first.agent["leftovers"] >= 1
         assert ended_before_release(s, "cmd-leaver-1")["survivors"] == []
-        submit(s.app, s.redis, command(s, "cmd-after-1", ["sh", "-c", "sleep 4"]))
+        submit(s.app, s.redis, command(s, "cmd-after-1", ["sh", "-c", "sleep 6"]))
         second = s.result("cmd-after-1")
         assert second.state == "succeeded" and second.slot_id == first.slot_id, second
         assert second.diff == "" and "late.txt" not in second.diff

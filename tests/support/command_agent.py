@@ -9,7 +9,7 @@ given in the spec's ``env``), one file per attempt:
   an ``openai.OpenAI()`` that is given no configuration at all.
 - ``hold``: its pid, then it waits to be ended (``--ignore-term``: SIGTERM does not end
   it); an attempt after the first exits 0 at once.
-- ``leaver``: starts a grandchild in a session of its own that, three seconds later,
+- ``leaver``: starts a grandchild in a session of its own that, five seconds later,
   would write ``late.txt`` into the slot's tree ($SLOTS/<slot>/work), then exits 0.
 """
 
@@ -36,7 +36,7 @@ CONTRACT = (
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
 )
-LEAVER = 'echo $$ > "$0/leaver.pid"; sleep 3; echo late > "$1/late.txt"; exec sleep 600'
+LEAVER = 'echo $$ > "$0/leaver.pid"; sleep 5; echo late > "$1/late.txt"; exec sleep 600'
 
 
 def out(name: str) -> Path:
