@@ -13,6 +13,7 @@ answers) keeps its thread, a daemon, but every later call of its handle is refus
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ WATCH_S = 0.2
 # (its next call raises at once; one in flight has already ended).
 RETURN_GRACE_S = 2.0
 _DETAIL_CHARS = 1000
+# What the function returned goes into the job result (``agent.returned``) when it is
+# JSON of at most this size; otherwise its repr, cut to it.
+RETURNED_CHARS = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,17 @@ class FunctionOutcome:
 
     failure: str | None = None
     stopped: str | None = None
+    returned: Any = None
+
+
+def result_value(value: Any) -> Any:
+    """``value`` as the job result can hold it: JSON of bounded size, else a cut repr."""
+    try:
+        if len(json.dumps(value)) <= RETURNED_CHARS:
+            return value
+    except (TypeError, ValueError):
+        pass
+    return repr(value)[:RETURNED_CHARS]
 
 
 def run_function(
@@ -50,10 +65,11 @@ def run_function(
     """Call ``fn(workspace, config)`` and watch it until it ends, the job is told to
     stop, or the deadline passes; the handle is closed when this returns."""
     raised: list[BaseException] = []
+    returned: list[Any] = []
 
     def target() -> None:
         try:
-            fn(workspace, copy.deepcopy(config))
+            returned.append(fn(workspace, copy.deepcopy(config)))
         except BaseException as exc:  # the function's failure is the job's, never the worker's
             raised.append(exc)
 
@@ -77,7 +93,7 @@ def run_function(
             )
     workspace.close(CLOSED)
     if not raised:
-        return FunctionOutcome()
+        return FunctionOutcome(returned=result_value(returned[0]) if returned else None)
     exc = raised[0]
     detail = f"{type(exc).__name__}: {exc}"[:_DETAIL_CHARS]
     return FunctionOutcome(failure=f"agent {entry} raised {detail}")

@@ -225,5 +225,6 @@ class JobResult(BaseModel):
     sandbox: str | None = None
     planner: dict[str, int] = Field(default_factory=dict)
     # A ``command`` agent's process: exit code, how it ended, its output's tail
-    # (runner.agent.command.CommandOutcome.summary).
+    # (runner.agent.command.CommandOutcome.summary); for a ``python`` agent, what its
+    # function returned (``{"kind": "python", "returned": ...}``, runner.agent.function).
     agent: dict[str, Any] | None = None

@@ -303,6 +303,8 @@ class Attempt:
                 stop_reason=self.stop_reason,
             )
             run.stopped = run.stopped or outcome.stopped
+            if outcome.returned is not None:
+                self.agent_summary = {"kind": "python", "returned": outcome.returned}
             return run.records, outcome.failure, {}
         planner = self.planner(deadline_s)
         failure = None

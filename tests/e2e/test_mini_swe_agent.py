@@ -110,6 +110,12 @@ def test_default_agent_edits_runs_the_tests_and_submits(settings: Settings, tmp_
         tests_run, submitted = (step.result or {} for step in steps[3:])
         assert tests_run["exit_code"] == 0 and "Ran 3 tests" in tests_run["output"]
         assert submitted["output"].startswith("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n")
+        # What the adapter returned (mini-swe-agent's exit status and submission) is
+        # the result's ``agent``.
+        assert result.agent is not None and result.agent["kind"] == "python"
+        returned = result.agent["returned"]
+        assert returned["exit_status"] == "Submitted"
+        assert returned["submission"] == submitted["output"].split("\n", 1)[1]
         assert "+    return len(text.split())" in submitted["output"]
         assert "+++ b/test_edges.py" in submitted["output"]
         assert result.slot_id is not None
