@@ -13,6 +13,8 @@ and exit code 2 with one ``except``::
     │                                    not) be put back
     ├── StackError                       ops.testing.stack: a child process of a local
     │                                    stack did not come up
+    ├── AgentDemoError                   ops.demo.agents: `demo --agent` lacks the
+    │                                    example or the framework's package
     ├── ChaosError                       ops.testing.chaos.campaign: the campaign could
     │                                    not run
     ├── ExpectError                      ops.testing.chaos.expect: a job's steps do not

@@ -9,7 +9,6 @@ fence refusing it, and prints what happened.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import Counter
@@ -19,9 +18,10 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from ops.demo.agents import FRAMEWORKS, AgentStack, check, make_specs
 from ops.demo.sample_repo import init_repo
+from ops.demo.summary import summary
 from runner.core.settings import Settings
 
 CALC_PY = '''"""A tiny calculator with a bug the demo's agent jobs fix."""
@@ -97,30 +97,13 @@ def demo_spec(repo: Path, base: str, index: int, run_id: str) -> dict[str, Any]:
     }
 
 
-def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    with open(log_path, "rb") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("event") == "tool_result" and record.get("job_id") in job_ids:
-                key = record["outcome"]
-                if record.get("reason"):
-                    key += f" ({record['reason']})"
-                counts[key] += 1
-    return counts
-
-
 @click.command()
 @click.option(
     "--jobs",
     "n_jobs",
     type=click.IntRange(1, 200),
-    default=8,
-    show_default=True,
-    help="How many agent jobs to run.",
+    default=None,
+    help="How many agent jobs to run.  [default: 8; 3 with --agent]",
 )
 @click.option(
     "--planner",
@@ -130,6 +113,17 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
     show_default=True,
     help="openai: plan through a local fault-injecting OpenAI-compatible endpoint "
     "(429s, timeouts with late bodies), every request under the admission desk.",
+)
+@click.option(
+    "--agent",
+    "framework",
+    type=click.Choice(list(FRAMEWORKS)),
+    default=None,
+    help="Run each job with that framework's own agent, offline, on its example "
+    "(examples/): mini-swe-agent: its DefaultAgent and deterministic model, bash as "
+    "fenced exec calls; openai-agents: the Agents SDK over MCP, its model the fake "
+    "endpoint through the admission gateway; mcp: the official mcp client as a "
+    "command agent. Needs a source checkout and the agents extra.",
 )
 @click.option(
     "--incident",
@@ -144,16 +138,27 @@ def _tool_outcomes(log_path: Path, job_ids: set[str]) -> Counter[str]:
     show_default=True,
     help="Give up waiting after this many seconds.",
 )
-def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> None:
+def demo(
+    n_jobs: int | None, planner_kind: str, framework: str | None, incident: bool, timeout_s: float
+) -> None:
     """Run N scripted agent jobs end to end on a local stack and summarise them.
+
+    With --agent: each job is that framework's agent instead (docs/architecture.md
+    §Agents), and the summary names it.
 
     With --incident: a buffered apply replayed into a recycled slot, once with the envelope
     fence switched off (the write lands, the detector pages, the pool stops, restore
     repairs the victim) and once with it on (refused, nothing to page).
     """
+    if framework is not None and (incident or planner_kind != "scripted"):
+        raise click.UsageError("--agent takes neither --planner nor --incident")
     if incident:
         _incident()
         return
+    n_jobs = n_jobs or (3 if framework else 8)
+    agents = None
+    if framework is not None:
+        agents = AgentStack(check(framework))
     import uuid
 
     from ops.testing.stack import free_port, stack_env, start_toolserver, start_worker
@@ -171,20 +176,28 @@ def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> No
     env = stack_env(os.environ, **settings.to_env())
     run_id = uuid.uuid4().hex[:6]
     run_dir = settings.home / "demo" / run_id
-    repo = run_dir / "sample-repo"
-    base = make_sample_repo(repo)
+    if agents is None:
+        repo = run_dir / "sample-repo"
+        base = make_sample_repo(repo)
+        specs = [demo_spec(repo, base, i, run_id) for i in range(n_jobs)]
+    else:
+        specs = make_specs(agents.framework, run_dir, run_id, n_jobs)
     console.print(
         f"slotrunner demo [bold]{run_id}[/]: home {settings.home}, Redis {url}, "
-        f"{settings.slots} slots, {n_jobs} jobs"
+        f"{settings.slots} slots, {n_jobs} jobs" + (f", agent {framework}" if framework else "")
     )
     children = []
     endpoint = None
+    agent_lines: list[str] = []
     try:
-        children.append(start_toolserver(env, port, run_dir))
-        children.append(start_worker(env, run_dir, concurrency=2))
-        app = create_app(settings, redis_url=url)
         client = connect(settings)
-        specs = [demo_spec(repo, base, i, run_id) for i in range(n_jobs)]
+        if agents is not None:
+            agents.start(settings, client, specs)
+            console.print(agents.describe())
+        children.append(start_toolserver(env, port, run_dir))
+        worker_env = {**env, **agents.env} if agents is not None else env
+        children.append(start_worker(worker_env, run_dir, concurrency=2))
+        app = create_app(settings, redis_url=url)
         if planner_kind == "openai":
             endpoint, base_url = _start_endpoint(specs[0], seed=int(run_id, 16))
             console.print(f"planner: fake OpenAI endpoint {base_url} (429s and late bodies on)")
@@ -206,14 +219,20 @@ def demo(n_jobs: int, planner_kind: str, incident: bool, timeout_s: float) -> No
                 on_progress=lambda done: progress.update(task, completed=len(done)),
             )
         fence = _replay_stale_apply(settings, results.get(ids[0]), ids[0])
+        if agents is not None:
+            agent_lines = agents.report()
     finally:
         for child in reversed(children):
             child.stop()
         if endpoint is not None:
             endpoint.close()
-    _summary(console, settings.log_path, ids, results, fence)
+        if agents is not None:
+            agents.stop()
+    summary(console, settings.log_path, ids, results, fence, framework)
     if planner_kind == "openai":
         _planner_summary(console, results)
+    for line in agent_lines:
+        console.print(line, markup=False)
     if len(results) < n_jobs or any(r.state != "succeeded" for r in results.values()):
         sys.exit(1)
 
@@ -326,39 +345,3 @@ def _replay_stale_apply(settings: Any, first: Any, job_id: str) -> str:
     finally:
         client.close()
     return "APPLIED (the fence did not hold!)"
-
-
-def _summary(
-    console: Console, log_path: Path, ids: list[str], results: dict[str, Any], fence: str
-) -> None:
-    states = Counter(r.state for r in results.values())
-    states["unfinished"] = len(ids) - len(results)
-    table = Table("state", "slot", "gen", "calls", "replayed", "receipts", "final_tree")
-    table.add_column("job", no_wrap=True)
-    table.columns.insert(0, table.columns.pop())
-    for job_id in ids:
-        r = results.get(job_id)
-        if r is None:
-            table.add_row(job_id, "unfinished", "", "", "", "", "", "")
-            continue
-        table.add_row(
-            job_id,
-            r.state,
-            r.slot_id or "-",
-            str(r.generation or "-"),
-            str(r.counts.tool_calls),
-            str(r.counts.replayed),
-            str(r.counts.receipts),
-            (r.final_tree or "")[:12],
-        )
-    console.print(table)
-    console.print("jobs by state: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()) if v))
-    outcomes = _tool_outcomes(log_path, set(ids))
-    console.print(
-        "tool calls by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
-    )
-    receipts = sum(r.counts.receipts for r in results.values())
-    refusals = sum(v for k, v in outcomes.items() if k.startswith("refused"))
-    console.print(f"receipts {receipts}, refusals {refusals}")
-    console.print(f"replay of job 1's apply with its old envelope: {fence}")
-    console.print(f"log: {log_path}")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def run_demo(tmp_path: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
@@ -47,3 +49,38 @@ def test_openai_demo_reports_stale_rejections_and_no_duplicate_commits(
     counts = dict(re.findall(r"(\w+) (\d+)", inference.group(1)))
     assert int(counts["http_429"]) > 0  # the endpoint's rate limit was really hit
     assert int(counts["commits"]) == 3 * 6  # five steps and a final answer per job
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """The cells of the summary table's job rows."""
+    return [
+        [cell.strip() for cell in line.strip("│ \n").split("│")]
+        for line in stdout.splitlines()
+        if line.startswith("│ demo-")
+    ]
+
+
+@pytest.mark.parametrize("framework", ["mini-swe-agent", "openai-agents", "mcp"])
+def test_each_agent_framework_runs_its_jobs_to_success(
+    tmp_path: Path, redis_url: str, framework: str
+) -> None:
+    """`demo --agent X` on the real stack: every job succeeds with that framework's own
+    agent, each on its own repository; the table names the framework beside today's
+    columns; the stale replay is still refused."""
+    proc = run_demo(tmp_path, redis_url, "--agent", framework, "--jobs", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"2 jobs, agent {framework}" in proc.stdout
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("┃ job"))
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+        "job", "framework", "state", "slot", "gen", "calls", "replayed", "receipts", "final_tree",
+    ]  # fmt: skip
+    rows = table_rows(proc.stdout)
+    assert [row[1:3] for row in rows] == [[framework, "succeeded"]] * 2, proc.stdout
+    assert all(int(row[5]) > 0 and row[7] == row[5] for row in rows), rows  # a receipt a call
+    assert "jobs by state: succeeded 2" in proc.stdout
+    assert "old envelope: refused: slot_job_mismatch" in proc.stdout
+    if framework == "openai-agents":
+        # Three completions a job (the patch, the tests, the answer), each admitted.
+        assert "gateway: completed 6\n" in proc.stdout
+        seen = re.search(r"most concurrent requests (\d+) \(the run's bound (\d+)\)", proc.stdout)
+        assert seen is not None and int(seen.group(1)) <= int(seen.group(2))

@@ -260,6 +260,8 @@ def test_ops_restore_of_an_unknown_job(env: dict[str, str]) -> None:
         (("chaos", "--jobs", "3"), "--seed"),
         (("demo", "--jobs", "0"), "--jobs"),
         (("demo", "--planner", "gpt"), "--planner"),
+        (("demo", "--agent", "langchain"), "--agent"),
+        (("demo", "--agent", "mcp", "--incident"), "--agent takes neither"),
         (("nosuchverb",), "No such command 'nosuchverb'"),
     ],
 )
