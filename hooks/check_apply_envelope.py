@@ -68,7 +68,7 @@ def _read_request(ctx: click.Context, source: str) -> Any:
         _fail(ctx, EXIT_MALFORMED, f"malformed request: {source} does not exist")
     except (OSError, UnicodeDecodeError) as exc:
         _fail(ctx, EXIT_MALFORMED, f"malformed request: cannot read {source}: {exc}")
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # not JSON, or a number no int can hold (over 4300 digits)
         _fail(ctx, EXIT_MALFORMED, f"malformed request: {source} is not JSON ({exc})")
     except RecursionError:
         _fail(ctx, EXIT_MALFORMED, f"malformed request: {source} nests too deeply")
