@@ -21,6 +21,7 @@ event, or one msgspec refuses, sends only the candidates down that road.
 from __future__ import annotations
 
 import gzip
+import io
 import re
 import sys
 import zlib
@@ -230,12 +231,19 @@ def read_chunks(
     except OSError as exc:
         tally.error = f"cannot read ({exc.strerror or exc})"
         return
+    # A stdin that is a plain byte stream (a caller running the CLI in-process, as
+    # click's test runner does) has no peek(): buffer it, and detach after, so the
+    # buffer never closes the caller's stream.
+    source = raw if hasattr(raw, "peek") else io.BufferedReader(raw)
     try:
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == GZIP_MAGIC else raw
+        head = source.peek(2)[:2]
+        stream = gzip.GzipFile(fileobj=source, mode="rb") if head == GZIP_MAGIC else source
         yield from _cut(stream, chunk_bytes, max_line_bytes)
     except (OSError, EOFError, zlib.error) as exc:  # a damaged .gz, an I/O error
         tally.error = f"read failed ({exc})"
     finally:
+        if source is not raw:
+            source.detach()
         if raw is not sys.stdin.buffer:
             raw.close()
 
