@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ops.demo.agents import FRAMEWORKS, AgentStack, check, make_specs
 from ops.demo.sample_repo import init_repo
 from ops.demo.summary import summary
+from runner.cli.common import FiniteFloat
 from runner.core.settings import Settings
 
 CALC_PY = '''"""A tiny calculator with a bug the demo's agent jobs fix."""
@@ -133,7 +134,7 @@ def demo_spec(repo: Path, base: str, index: int, run_id: str) -> dict[str, Any]:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=float,
+    type=FiniteFloat(min=0),
     default=300.0,
     show_default=True,
     help="Give up waiting after this many seconds.",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from runner.cli.common import emit_json, err_console
+from runner.cli.common import FiniteFloat, emit_json, err_console
 from runner.cli.errors import EXIT_PENDING, CliError
 from runner.cli.root import RootGroup
 from runner.core.settings import Settings
@@ -39,7 +39,7 @@ def main(debug: bool) -> None:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=float,
+    type=FiniteFloat(),
     default=600.0,
     show_default=True,
     help="With --wait: give up after this many seconds.",
@@ -61,10 +61,14 @@ def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
         text = sys.stdin.read() if spec_file == "-" else Path(spec_file).read_text()
     except OSError as exc:
         raise CliError(f"cannot read {spec_file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{spec_file} is not UTF-8 text: {exc}") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise CliError(f"{spec_file} is not JSON: {exc}") from None
+    except RecursionError:
+        raise CliError(f"{spec_file} is not a job spec: its JSON nests too deeply") from None
     items = data if isinstance(data, list) else [data]
     if not items:
         raise CliError(f"{spec_file} holds no job spec")
@@ -111,9 +115,12 @@ def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
 def result(job_id: str, as_json: bool) -> None:
     """Show a job's result. Exit 0 succeeded, 1 another end state, 3 not finished."""
     from runner.core import keys
+    from runner.core.ids import JOB_ID_RULE, valid_job_id
     from runner.jobs.results import load_result
     from runner.redis_server import connect
 
+    if not valid_job_id(job_id):  # it names Redis keys: none of another shape exists
+        raise CliError(f"{job_id[:200]!r} is not a job id ({JOB_ID_RULE})")
     client = connect(Settings.from_env())
     try:
         found = load_result(client, job_id)
@@ -153,7 +160,13 @@ def result(job_id: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--concurrency", type=int, default=2, show_default=True, help="Worker processes.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Worker processes.",
+)
 @click.option(
     "--pool",
     type=click.Choice(["prefork", "solo", "threads"]),
@@ -204,11 +217,14 @@ def worker(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> 
     help="Address to bind; off loopback SLOTRUNNER_TOKEN is required.",
 )
 @click.option(
-    "--port", type=int, default=None, help="Port (default: from SLOTRUNNER_TOOLSERVER_URL)."
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Port (default: from SLOTRUNNER_TOOLSERVER_URL).",
 )
 @click.option(
     "--max-concurrent",
-    type=int,
+    type=click.IntRange(min=1),
     default=16,
     show_default=True,
     help="Executions at once; beyond that, 429 with Retry-After.",
@@ -217,11 +233,28 @@ def toolserver(host: str, port: int | None, max_concurrent: int) -> None:
     """Serve this host's slots to the workers over HTTP."""
     from urllib.parse import urlparse
 
-    from tools.server.app import serve
+    from tools.server.app import is_loopback, serve
 
     settings = Settings.from_env()
     port = port or urlparse(settings.toolserver_url).port or 8765
+    if is_loopback(host) or settings.token:  # otherwise serve() refuses to start at all
+        _check_bindable(host, port)
     serve(settings, host=host, port=port, max_concurrent=max_concurrent)
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """A port that cannot be bound as one ``error:`` line: uvicorn would log it in its
+    own format and exit 3, the code of a job not finished. The probe binds as uvicorn
+    does (SO_REUSEADDR) and never listens, so it accepts nothing."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise CliError(f"cannot bind {host}:{port}") from exc
 
 
 def _mount() -> None:

@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from runner.cli.common import emit_json
+from runner.cli.common import FiniteFloat, emit_json
 from runner.core.settings import Settings
 from runner.core.stamp import Stamp, utc_now
 from runner.slots.pool import SlotPool
@@ -40,7 +40,7 @@ def slots() -> None:
 @click.option(
     "--interval",
     "interval_s",
-    type=float,
+    type=FiniteFloat(min=0),
     default=1.0,
     show_default=True,
     help="With --watch: seconds between refreshes.",
@@ -95,10 +95,22 @@ def _table(stamps: list[Stamp]) -> Table:
 
 @slots.command("lease")
 @click.option("--job", "job_id", required=True, help="The job that takes the slot.")
-@click.option("--attempt", type=int, default=1, show_default=True, help="The job's attempt number.")
+@click.option(
+    "--attempt",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="The job's attempt number.",
+)
 @click.option("--repo", default=None, help="Prepare the work tree from this repository.")
 @click.option("--base", default="HEAD", show_default=True, help="With --repo: the commit-ish.")
-@click.option("--wait", "wait_s", type=float, default=0.0, help="Seconds to wait for a free slot.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=FiniteFloat(min=0),
+    default=0.0,
+    help="Seconds to wait for a free slot.",
+)
 @click.option(
     "--tool",
     "tool_names",
@@ -158,6 +170,10 @@ def lease(
 @click.option("--json", "as_json", is_flag=True, help="Print the new stamp as JSON.")
 def release(slot_id: str, job_id: str, generation: int, as_json: bool) -> None:
     """Return a slot to the pool; refused unless it is leased to JOB at GENERATION."""
+    from runner.core.ids import JOB_ID_RULE, valid_job_id
+
+    if not valid_job_id(job_id):
+        raise click.BadParameter(JOB_ID_RULE, param_hint="--job")
     _, pool = _pool()
     stamp = pool.release(slot_id, job_id, generation)
     if as_json:

@@ -30,6 +30,10 @@ SLOT_CANCEL_REQUESTED: Final = "slot_cancel_requested"
 JOB_HEARTBEAT_ERROR: Final = "job_heartbeat_error"
 # a janitor sweep failed as a whole (a Redis blip); the next sweep tries again: error
 JANITOR_ERROR: Final = "janitor_error"
+# a delivery's spec failed validation (sent past runner.jobs.submit): nothing was
+# claimed, leased or written to Redis; job_id (None unless the spec names a valid
+# one), reason ("invalid job spec: <field>: <problem>; ...")
+JOB_SPEC_REFUSED: Final = "job_spec_refused"
 # a command planner's agent process started: job_id, attempt, pid, program, cgroup
 AGENT_STARTED: Final = "agent_started"
 # ... and it and every process it started are gone (logged before the slot's release):

@@ -10,13 +10,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.core.ids import JobId
+from runner.jobs import plain_json
 from tools import registry
 
 JobState = Literal["succeeded", "failed", "rejected", "cancelled"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a spec is JSON, and a value of the wrong JSON type is refused, never
+    # converted (``"max_steps": true`` is not 1, ``"deadline_s": "600"`` not 600.0).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Step(_Model):
@@ -31,14 +34,37 @@ class ScriptedPlanner(_Model):
 
 class OpenAIPlanner(_Model):
     kind: Literal["openai"]
-    base_url: str = Field(min_length=1)
+    base_url: str = Field(min_length=1, max_length=2000)
     model: str = Field(min_length=1)
     prompt: str = Field(min_length=1)
     api_key_env: str | None = None
-    request_timeout_s: float = Field(default=60.0, gt=0)
+    request_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
     temperature: float = 0.0
     # In-flight inference requests allowed for the whole eval-run, across workers (I6).
     admission_bound: int = Field(default=4, ge=1, le=4096)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return http_url(value)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        return env_name(value)
+
+
+def http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+    return value
+
+
+def env_name(value: str | None) -> str | None:
+    """An environment variable's name (the worker looks it up: a NUL there would raise)."""
+    if value is not None and not _ENV_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a variable name (letters, digits, _; at most 128)")
+    return value
 
 
 class ModelAccess(_Model):
@@ -56,9 +82,12 @@ class ModelAccess(_Model):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
-        return value
+        return http_url(value)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        return env_name(value)
 
 
 # What a ``command`` agent is given (runner.agent.command); its spec's ``env`` may not
@@ -148,21 +177,41 @@ def unknown_tools(names: Iterable[str]) -> str | None:
     unknown = sorted({name for name in names if registry.get(name) is None})
     if not unknown:
         return None
-    return f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(sorted(registry.TOOLS))}"
+    # A name that is no identifier is shown as repr: it is anyone's text (a newline, a
+    # lone surrogate, which pydantic cannot encode in its error and raises instead).
+    shown = ", ".join(name if name.isidentifier() else repr(name) for name in unknown)
+    return f"unknown tool(s) {shown}; known: {', '.join(sorted(registry.TOOLS))}"
 
 
 class JobSpec(_Model):
     job_id: JobId | None = None
     eval_run: str = Field(default="default", min_length=1, max_length=128)
-    repo: str = Field(min_length=1)
+    repo: str = Field(min_length=1, max_length=4096)
     base: str = Field(default="HEAD", min_length=1, max_length=256)
     planner: Planner
-    test_command: list[str] = Field(default_factory=list)
+    test_command: list[str] = Field(default_factory=list, max_length=1024)
     test_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     deadline_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
     max_steps: int = Field(default=50, ge=1, le=10_000)
     # The tools the job's lease may call (docs/architecture.md §Job spec); None: all.
     tools: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_json(cls, data: Any) -> Any:
+        problem = plain_json.problem(data) if isinstance(data, dict) else None
+        if problem:
+            raise ValueError(problem)
+        return data
+
+    @field_validator("repo", "base")
+    @classmethod
+    def _no_option(cls, value: str) -> str:
+        # The workspace refuses these when it prepares the tree (runner/workspace/): a
+        # spec that can never run is refused before any slot is leased for it.
+        if value.startswith("-") or any(c in value for c in "\x00\n\r"):
+            raise ValueError(f"{value!r} starts with '-' or holds a NUL or line break")
+        return value
 
     @field_validator("tools")
     @classmethod

@@ -30,13 +30,19 @@ def parse_spec(data: Any) -> JobSpec:
     try:
         job = JobSpec.model_validate(data).with_job_id()
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors()[:8]:
-            where = ".".join(str(p) for p in err["loc"]) or "spec"
-            problems.append(f"{where}: {err['msg']}")
-        raise SpecError("invalid job spec: " + "; ".join(problems)) from None
+        raise SpecError(spec_problems(exc)) from None
     check_entry(job)
     return job
+
+
+def spec_problems(exc: ValidationError) -> str:
+    """``invalid job spec: <field>: <problem>; ...``, the first eight problems."""
+    problems = []
+    for err in exc.errors()[:8]:
+        where = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "invalid job spec: " + "; ".join(problems)
 
 
 def check_entry(job: JobSpec) -> None:

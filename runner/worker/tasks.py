@@ -17,13 +17,18 @@ from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Reject
+from pydantic import ValidationError
 
 from runner.core import keys
+from runner.core.ids import valid_job_id
+from runner.core.logs import EventLog
 from runner.core.settings import Settings
+from runner.jobs import events as job_events
 from runner.jobs.config import JobConfig
 from runner.jobs.models import JobResult, JobSpec
 from runner.jobs.queue import TASK_NAME
 from runner.jobs.results import finish
+from runner.jobs.submit import spec_problems
 from runner.worker.context import context_for
 from runner.worker.job import run_job
 
@@ -34,7 +39,10 @@ def run_agent_job(self: Task, spec: dict[str, Any]) -> dict[str, Any]:
     settings = app.slotrunner_settings
     config = getattr(app, "slotrunner_job_config", None) or JobConfig()
     floor = bool(getattr(app, "slotrunner_attempt_floor", True))
-    job = JobSpec.model_validate(spec)
+    try:
+        job = JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        return refuse_spec(settings, spec, exc)
     try:
         ctx = context_for(settings, config, attempt_floor=floor)
         result = run_job(job, ctx, worker=self.request.hostname)
@@ -62,6 +70,17 @@ def run_agent_job(self: Task, spec: dict[str, Any]) -> dict[str, Any]:
         # the live attempt, and takes over if it dies.
         raise Reject("superseded: the job is still running elsewhere", requeue=True)
     return {"job_id": result.job_id, "state": result.state, "attempt": result.attempt}
+
+
+def refuse_spec(settings: Settings, spec: Any, exc: ValidationError) -> dict[str, Any]:
+    """A spec no job can run, sent past ``runner.jobs.submit``: refused before anything is
+    claimed, leased or written to Redis, with the reason on the host's log (a line, not
+    a traceback); the delivery is acked, since no redelivery could make it valid."""
+    given = spec.get("job_id") if isinstance(spec, dict) else None
+    job_id = given if valid_job_id(given) else None
+    reason = spec_problems(exc)[:1000]
+    EventLog(settings).emit(job_events.JOB_SPEC_REFUSED, job_id=job_id, reason=reason)
+    return {"job_id": job_id, "state": "refused", "reason": reason}
 
 
 def give_up(

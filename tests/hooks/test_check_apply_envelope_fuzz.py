@@ -58,21 +58,14 @@ def _slot(tmp_path: Path) -> Path:
     return slot
 
 
-def _mutated() -> st.SearchStrategy[dict[str, Any]]:
+@st.composite
+def _mutated(draw: st.DrawFn) -> dict[str, Any]:
     """The good request with fields changed, dropped or added."""
     field = st.sampled_from([*GOOD, "relpath", "envelope", "\x00"])
     value = st.sampled_from([4, 3, 2**63, -1, 0, True, None, "taken", "job-B", "S8", "rm"])
-    return st.fixed_dictionaries(
-        {
-            "changes": st.dictionaries(field, value | STRINGS | JSON, max_size=3),
-            "drop": st.sets(st.sampled_from(list(GOOD)), max_size=2),
-        }
-    ).map(
-        lambda m: {
-            **{k: v for k, v in GOOD.items() if k not in m["drop"]},
-            **m["changes"],
-        }
-    )
+    drop = draw(st.sets(st.sampled_from(list(GOOD)), max_size=2))
+    changes = draw(st.dictionaries(field, value | STRINGS | JSON, max_size=3))
+    return {**{k: v for k, v in GOOD.items() if k not in drop}, **changes}
 
 
 def _as_bytes(value: Any) -> bytes:

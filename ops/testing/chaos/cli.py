@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 
 from ops.testing.chaos.plan import KINDS
+from runner.cli.common import FiniteFloat
 from runner.core.settings import Settings
 
 
@@ -51,7 +52,7 @@ def _kinds(value: str | None) -> tuple[str, ...]:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=1.0),
+    type=FiniteFloat(min=1.0),
     help="Give up waiting for results after this many seconds [120 + 20 a job].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")

@@ -29,6 +29,7 @@ from ops.testing.harness.loop import (
     chat_url,
     run_sweep,
 )
+from runner.cli.common import FiniteFloat
 
 PROGRESS_POLL_S = 0.2
 
@@ -212,12 +213,12 @@ def harness() -> None:
 @click.option(
     "--rate",
     "rate_rps",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     help="Open loop: requests per second.",
 )
 @click.option(
     "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     default=30.0,
     show_default=True,
     help="Per-attempt HTTP timeout.",
@@ -232,7 +233,7 @@ def harness() -> None:
 )
 @click.option(
     "--max-backoff-s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=10.0,
     show_default=True,
     help="Cap on a retry's wait, Retry-After included.",

@@ -86,7 +86,10 @@ class LoadConfig:
 
 def chat_url(url: str) -> str:
     """``http://host:port``, ``.../v1`` or the full ``.../v1/chat/completions``: the last."""
-    parsed = httpx.URL(url)
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise HarnessError(f"--url {url!r} is not a URL: {exc}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise HarnessError(f"--url must be an http(s) URL with a host, not {url!r}")
     path = parsed.path.rstrip("/")

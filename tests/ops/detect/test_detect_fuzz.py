@@ -29,7 +29,7 @@ LEASE_FIELDS = json.loads(lease_line("job-x", 3, host="h9", slot="S9"))
 def _retyped(fields: dict[str, Any]) -> st.SearchStrategy[bytes]:
     """The record with one field the detector reads given a value of the wrong type."""
     read = [k for k in fields if k not in ("event", "outcome", "tool", "ts", "host")]
-    wrong = st.sampled_from(["1", 1.5, True, None, [], {}, ""]) | JSON
+    wrong: st.SearchStrategy[Any] = st.sampled_from(["1", 1.5, True, None, [], {}, ""]) | JSON
     return st.tuples(st.sampled_from(read), wrong).map(
         lambda change: json.dumps({**fields, change[0]: change[1]}).encode()
     )
@@ -110,7 +110,9 @@ def test_garbage_among_real_traffic(tmp_path: Path) -> None:
     def one(
         broken: list[tuple[int, bytes]], noise: list[tuple[int, bytes]], ghost_at: int, crlf: bool
     ) -> None:
-        tagged = [(i, "traffic", line) for i, line in enumerate(traffic)]
+        tagged: list[tuple[float, str, bytes]] = [
+            (i, "traffic", line) for i, line in enumerate(traffic)
+        ]
         tagged += [(i - 0.5, "broken", line) for i, line in broken]
         tagged += [(i - 0.25, "noise", line) for i, line in noise]
         tagged.append((ghost_at - 0.1, "ghost", GHOST))
