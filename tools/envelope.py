@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from runner.core.ids import JOB_ID_RULE, JobId, valid_job_id
 from runner.core.stamp import SlotState, Stamp
@@ -31,13 +32,22 @@ from tools.reasons import Reason
 KEY_MAX_CHARS = 256
 
 
+def _integral(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer as JSON Schema has it: 3 or 3.0, never true or "3" (the published schema
+# says "integer", and a body decoded from JSON is validated in strict mode).
+Whole = Annotated[int, Strict(), BeforeValidator(_integral)]
+
+
 class Envelope(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     job_id: JobId
-    attempt: int = Field(ge=1)
+    attempt: Whole = Field(ge=1)
     slot_id: str = Field(min_length=1, max_length=64)
-    generation: int = Field(ge=1)
+    generation: Whole = Field(ge=1)
     tool: str = Field(min_length=1, max_length=64)
     idempotency_key: str | None = Field(default=None, max_length=KEY_MAX_CHARS)
 

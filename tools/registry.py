@@ -1,16 +1,18 @@
-"""Every tool, declared once: name, mutating or not, retry class, argument model.
+"""Every tool, declared once: name, mutating or not, retry class, argument and result models.
 
 The retry classifier (``tools.classifier``) reads ``retry_class`` from here; the
-server validates arguments with ``args_model``; the client and the envelope hook
-read ``mutating``. A tool that is not in :data:`TOOLS` does not exist: the server
-answers 404 ``unknown_tool`` and the classifier answers ``do_not_retry``.
+server validates arguments with ``args_model``, and its published OpenAPI schema
+(``tools.server.openapi``) and MCP's ``tools/list`` describe both models; the client
+and the envelope hook read ``mutating``. A tool that is not in :data:`TOOLS` does not
+exist: the server answers 404 ``unknown_tool`` and the classifier answers
+``do_not_retry``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -106,29 +108,115 @@ class ExecArgs(_Args):
         return value
 
 
+# -- results: what each tool answers in ``result`` (the published schema's models,
+# docs/architecture.md §Tool API; tests/tools/server/test_schema.py checks each tool's
+# real result against its model).
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReadFileResult(_Result):
+    path: str
+    content: str = Field(description="the file's text (undecodable bytes replaced when binary)")
+    size: int = Field(ge=0, description="the file's size in bytes")
+    binary: bool = Field(default=False, description="present (true) when not UTF-8")
+
+
+class DirEntry(_Result):
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int = Field(ge=0, description="bytes for a file, 0 otherwise")
+
+
+class ListDirResult(_Result):
+    path: str
+    entries: list[DirEntry] = Field(description="sorted by name; .git names left out")
+
+
+class GitStatusResult(_Result):
+    status: str = Field(description="git status --porcelain=v1 --untracked-files=all")
+
+
+class WriteFileResult(_Result):
+    path: str
+    bytes: int = Field(ge=0)
+    digest: str = Field(description="sha256 hex of the content written")
+
+
+class ApplyPatchResult(_Result):
+    files: list[str] = Field(description="every path the patch names")
+    patch_sha256: str
+
+
+class RmResult(_Result):
+    path: str
+    removed: bool
+
+
+class MvResult(_Result):
+    src: str
+    dst: str
+
+
+class GitCommitResult(_Result):
+    commit: str = Field(description="the new HEAD")
+
+
+class RunTestsResult(_Result):
+    exit_code: int | None
+    passed: bool
+    timed_out: bool
+    killed_signal: int | None
+    stdout: str
+    stderr: str
+    output_truncated: bool
+    sandbox: str = Field(description="bwrap, or none with the sandbox off")
+    sandbox_warning: str | None
+    duration_ms: float
+
+
+class ExecResult(_Result):
+    exit_code: int = Field(description="what $? would say: the status, or 128 + the signal")
+    output: str = Field(description="stdout and stderr merged, head and tail kept")
+    truncated: bool
+    timed_out: bool
+    duration_ms: float
+    sandbox: str = Field(description="bwrap, or none with the sandbox off")
+    sandbox_warning: str | None = Field(default=None, description="present when the run had one")
+
+
+class ToolFailure(_Result):
+    """A tool that ran and failed for good (its receipt ``failed``, the tree unchanged)."""
+
+    error: str
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     mutating: bool
     retry_class: RetryClass
     args_model: type[_Args]
+    result_model: type[_Result]
 
 
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in (
-        ToolSpec("read_file", False, RetryClass.READ, PathArgs),
-        ToolSpec("list_dir", False, RetryClass.READ, ListDirArgs),
-        ToolSpec("git_status", False, RetryClass.READ, NoArgs),
-        ToolSpec("write_file", True, RetryClass.MUTATING, WriteFileArgs),
-        ToolSpec("apply_patch", True, RetryClass.MUTATING, ApplyPatchArgs),
-        ToolSpec("rm", True, RetryClass.MUTATING, PathArgs),
-        ToolSpec("mv", True, RetryClass.MUTATING, MoveArgs),
-        ToolSpec("git_commit", True, RetryClass.MUTATING, CommitArgs),
+        ToolSpec("read_file", False, RetryClass.READ, PathArgs, ReadFileResult),
+        ToolSpec("list_dir", False, RetryClass.READ, ListDirArgs, ListDirResult),
+        ToolSpec("git_status", False, RetryClass.READ, NoArgs, GitStatusResult),
+        ToolSpec("write_file", True, RetryClass.MUTATING, WriteFileArgs, WriteFileResult),
+        ToolSpec("apply_patch", True, RetryClass.MUTATING, ApplyPatchArgs, ApplyPatchResult),
+        ToolSpec("rm", True, RetryClass.MUTATING, PathArgs, RmResult),
+        ToolSpec("mv", True, RetryClass.MUTATING, MoveArgs, MvResult),
+        ToolSpec("git_commit", True, RetryClass.MUTATING, CommitArgs, GitCommitResult),
         # Tests can write caches and build outputs into the tree: mutating.
-        ToolSpec("run_tests", True, RetryClass.TESTS, NoArgs),
+        ToolSpec("run_tests", True, RetryClass.TESTS, NoArgs, RunTestsResult),
         # Any command: mutating, and never run twice for one key.
-        ToolSpec("exec", True, RetryClass.EXEC, ExecArgs),
+        ToolSpec("exec", True, RetryClass.EXEC, ExecArgs, ExecResult),
     )
 }
 

@@ -44,7 +44,8 @@ from runner.gateway.forward import CONNECT_TIMEOUT_S, Forwarder
 from runner.gateway.metrics import GatewayMetrics
 from runner.gateway.replies import error, passed_headers
 from runner.redis_server import connect
-from tools.server.app import TOKEN_HEADER, is_loopback
+from tools.server.app import is_loopback
+from tools.server.guard import TOKEN_HEADER
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a long conversation with its tools
 DRAIN_S = 30.0  # at shutdown, how long late answers still out are waited for

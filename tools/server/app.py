@@ -11,20 +11,19 @@ token instead, §Lease tokens) must carry it.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runner.core import events
 from runner.core.durable import Fsync, os_fsync
@@ -35,17 +34,28 @@ from tools import registry, tokens
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.sandbox import run as sandbox
+from tools.server import openapi, wire
+from tools.server.body import decode
 from tools.server.dispatch import Dispatcher
+from tools.server.guard import Guard
 from tools.server.mcp import McpDoor
 from tools.server.metrics import ToolMetrics
 from tools.server.reply import Reply, refused
 from tools.server.seams import CallHooks, Fence, envelope_fence
 from tools.server.service import ToolService
 
-MAX_BODY_BYTES = registry.MAX_FILE_BYTES + 64 * 1024
 DEFAULT_MAX_CONCURRENT = 16
 RETRY_AFTER_S = 1
-TOKEN_HEADER = "x-slotrunner-token"
+
+
+class _AnyText(PathConvertor):
+    """A path parameter of any text, newlines too (Starlette's ``path`` stops at one):
+    every name under /v1/tools/ is a tool's, every key under /v1/receipts/ a key."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("anytext", _AnyText())
 
 
 class ServerConfigError(ToolError):
@@ -62,69 +72,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _json_body(status: int, reason: Reason, message: str) -> tuple[int, bytes]:
-    return status, json.dumps({"error": reason.value, "message": message}).encode()
-
-
-class _Guard:
-    """Token and body-size checks before any route runs: a pure ASGI middleware.
-
-    Not ``@app.middleware("http")``: Starlette runs those through
-    ``BaseHTTPMiddleware``, which wraps every request and response in an extra task
-    group and a streamed response, on every call (measured in ``bench/`` pipeline).
-    This one reads the headers in the scope and either answers at once or passes the
-    call through untouched.
-    """
-
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app = app
-        self.token = token.encode() if token else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        # The MCP door is authenticated by the caller's lease token alone
-        # (tools.server.mcp.BearerAuth), which its Authorization header carries.
-        refusal = self._refusal(scope["headers"], check_token=scope["path"] != tokens.MCP_PATH)
-        if refusal is None:
-            await self.app(scope, receive, send)
-            return
-        status, body = refusal
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-    def _refusal(
-        self, raw_headers: list[tuple[bytes, bytes]], *, check_token: bool
-    ) -> tuple[int, bytes] | None:
-        headers: dict[bytes, bytes] = {}
-        for name, value in raw_headers:
-            headers.setdefault(name.lower(), value)  # the first of repeated headers, as Starlette
-        if self.token is not None and check_token:
-            given = headers.get(TOKEN_HEADER.encode()) or headers.get(
-                b"authorization", b""
-            ).removeprefix(b"Bearer ")
-            if not hmac.compare_digest(given, self.token):
-                return _json_body(
-                    401, Reason.UNAUTHORIZED, f"missing or wrong {TOKEN_HEADER} header"
-                )
-        length = headers.get(b"content-length", b"").decode("latin-1")
-        if length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return _json_body(
-                413, Reason.TOO_LARGE, f"body of {length} bytes exceeds {MAX_BODY_BYTES}"
-            )
-        return None
 
 
 def create_app(
@@ -172,7 +119,19 @@ def create_app(
     for item in app.state.recovered:
         event_log.emit(events.RECEIPT_RESOLVED, **item)
 
-    app.add_middleware(_Guard, token=settings.token)
+    app.add_middleware(Guard, token=settings.token)
+    # A parameter FastAPI itself validates (the receipt lookup's ``slot``) is refused as
+    # every other malformed request is: {error, message}, not FastAPI's own 422 body.
+    app.add_exception_handler(RequestValidationError, _malformed_parameters)
+    token = settings.token is not None
+
+    def published() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi.document(app, token=token)
+        return app.openapi_schema
+
+    # FastAPI's documented way to publish a document of one's own: replace the method.
+    app.openapi = published  # type: ignore[method-assign]
 
     # The MCP door at exactly /mcp (a Route, not a mount: /mcp/ redirects to it).
     app.router.routes.append(Route(tokens.MCP_PATH, endpoint=mcp.endpoint))
@@ -181,58 +140,114 @@ def create_app(
         headers = {"Retry-After": str(RETRY_AFTER_S)} if reply.http_status == 429 else None
         return JSONResponse(reply.body, reply.http_status, headers=headers)
 
-    @app.post("/v1/tools/{tool}")
-    async def call_tool(tool: str, request: Request) -> Response:
-        started = time.monotonic()
-        decision = request.headers.get("x-slotrunner-retry")
-        if decision:
-            metrics.retries.labels(decision[:40]).inc()
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            too_large = refused(413, Reason.TOO_LARGE, f"body exceeds {MAX_BODY_BYTES} bytes")
-            return respond(dispatcher.finish(tool, too_large, started))
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            malformed = refused(422, Reason.MALFORMED, f"the body is not JSON: {exc}")
-            return respond(dispatcher.finish(tool, malformed, started))
-        return respond(await dispatcher.call(tool, payload, started))
+    def tool_endpoint(tool: str) -> Callable[[Request], Awaitable[Response]]:
+        async def call_tool(request: Request) -> Response:
+            started = time.monotonic()
+            decision = request.headers.get("x-slotrunner-retry")
+            if decision:
+                metrics.retries.labels(decision[:40]).inc()
+            payload, problem = decode(await request.body())  # the guard bounds its size
+            if problem is not None:
+                malformed = refused(422, Reason.MALFORMED, problem)
+                return respond(dispatcher.finish(tool, malformed, started))
+            return respond(await dispatcher.call(tool, payload, started))
 
-    @app.get("/v1/receipts/{key}")
+        return call_tool
+
+    # One operation per tool, so the schema gives each its own body and result; any
+    # other name under /v1/tools/ is the unknown tool it is (404), whatever its body.
+    for spec in registry.TOOLS.values():
+        app.add_api_route(
+            f"/v1/tools/{spec.name}",
+            tool_endpoint(spec.name),
+            methods=["POST"],
+            operation_id=spec.name,
+            summary=registry.describe(spec.name),
+            tags=["mutating tools" if spec.mutating else "read-only tools"],
+            response_model=None,
+            responses=openapi.tool_responses(spec, token=token),
+            openapi_extra=openapi.tool_request_body(spec),
+        )
+
+    @app.post(
+        "/v1/tools/{tool:anytext}",
+        operation_id="any_tool",
+        summary="Any name: a tool's reaches its operation above; any other is unknown_tool",
+        description="The body is the named tool's call (see its operation).",
+        response_model=None,
+        responses=openapi.any_tool_responses(token=token),
+    )
+    async def unknown_tool(tool: str) -> Response:
+        return respond(dispatcher.finish(tool, service.unknown_tool(tool), time.monotonic()))
+
+    @app.get(
+        "/v1/receipts/{key:anytext}",
+        operation_id="get_receipt",
+        summary="The outcome of an idempotency key on one slot",
+        response_model=None,
+        responses=openapi.receipt_responses(token=token),
+    )
     async def get_receipt(key: str, slot: str) -> Response:
         reply = await run_in_threadpool(service.lookup, key, slot)
         return JSONResponse(reply.body, reply.http_status)
 
-    @app.get("/v1/slots")
+    @app.get(
+        "/v1/slots",
+        operation_id="list_slots",
+        summary="The stamp of every slot of this host",
+        response_model=wire.Slots,
+        responses=openapi.guard_responses(token=token),
+    )
     async def list_slots() -> Response:
         stamps = []
         if settings.slots_dir.is_dir():
             for slot_dir in sorted(settings.slots_dir.iterdir()):
                 stamp = read_stamp(slot_dir) if slot_dir.is_dir() else None
                 if stamp is not None:
-                    stamps.append(stamp.model_dump())
-        return JSONResponse({"slots": stamps})
+                    stamps.append(stamp)
+        return JSONResponse(wire.Slots(slots=stamps).model_dump(mode="json"))
 
-    @app.get("/healthz")
+    @app.get(
+        "/healthz",
+        operation_id="healthz",
+        summary="Whether the server is up, and its sandbox",
+        response_model=wire.Health,
+        responses=openapi.guard_responses(token=token),
+    )
     async def healthz() -> Response:
         test = app.state.sandbox
-        return JSONResponse(
-            {
-                "ok": True,
-                "host": settings.host,
-                "sandbox_mode": settings.sandbox,
-                "sandbox": None if test is None else {"ok": test.ok, "detail": test.detail},
-                "recovered_intents": len(app.state.recovered),
-            }
+        health = wire.Health(
+            ok=True,
+            host=settings.host,
+            sandbox_mode=settings.sandbox,
+            sandbox=None if test is None else wire.SandboxCheck(ok=test.ok, detail=test.detail),
+            recovered_intents=len(app.state.recovered),
         )
+        return JSONResponse(health.model_dump(mode="json"))
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        operation_id="metrics",
+        summary="Prometheus text (tools/server/metrics.py)",
+        response_class=PlainTextResponse,
+        responses=openapi.guard_responses(token=token),
+    )
     async def prometheus() -> Response:
         return PlainTextResponse(
             generate_latest(metrics.registry).decode(), media_type="text/plain; version=0.0.4"
         )
 
     return app
+
+
+async def _malformed_parameters(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    body = {"error": Reason.MALFORMED.value, "message": "; ".join(parts)}
+    return JSONResponse(body, 422)
 
 
 def serve(

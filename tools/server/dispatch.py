@@ -11,6 +11,7 @@ door, so the two cannot drift apart (``docs/architecture.md`` §Tool call).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -23,6 +24,8 @@ from tools.reasons import Reason
 from tools.server.metrics import ToolMetrics
 from tools.server.reply import Reply, refused
 from tools.server.service import ToolService
+
+_log = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -42,6 +45,20 @@ class Dispatcher:
         self.metrics.in_flight.inc()
         try:
             reply = await run_in_threadpool(self.service.call, tool, payload)
+        except Exception as exc:
+            # A bug, not an input: the caller still gets a classified answer and the call
+            # its log line; the traceback goes to stderr for whoever fixes it.
+            _log.exception("%s failed inside the tool server", tool)
+            reply = Reply(
+                500,
+                {
+                    "error": Reason.OUTCOME_UNKNOWN.value,
+                    "message": f"the call failed inside the server ({type(exc).__name__}); "
+                    "its outcome is unknown: look its key up before sending it again",
+                },
+                events.OUTCOME_FAILED,
+                Reason.OUTCOME_UNKNOWN.value,
+            )
         finally:
             self.metrics.in_flight.dec()
             self.gate.release()

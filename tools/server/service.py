@@ -68,15 +68,20 @@ class ToolService:
 
     # -- a call ---------------------------------------------------------------
 
+    @staticmethod
+    def unknown_tool(tool: str) -> Reply:
+        known = ", ".join(sorted(registry.TOOLS))
+        return refused(404, Reason.UNKNOWN_TOOL, f"no tool named {tool!r}; known: {known}")
+
     def call(self, tool: str, payload: Any) -> Reply:
         spec = registry.get(tool)
         if spec is None:
-            known = ", ".join(sorted(registry.TOOLS))
-            return refused(404, Reason.UNKNOWN_TOOL, f"no tool named {tool!r}; known: {known}")
+            return self.unknown_tool(tool)
         if not isinstance(payload, dict) or set(payload) - {"envelope", "args"}:
             return refused(422, Reason.MALFORMED, 'the body must be {"envelope": ..., "args": ...}')
         try:
-            envelope = Envelope.model_validate(payload.get("envelope"))
+            # Strict: a JSON body's "1" or true is not the integer the envelope names.
+            envelope = Envelope.model_validate(payload.get("envelope"), strict=True)
         except ValidationError as exc:
             return refused(422, Reason.MALFORMED, f"bad envelope: {describe(exc)}")
         log = {
@@ -94,8 +99,12 @@ class ToolService:
                 f"envelope names tool {envelope.tool!r} but the URL names {tool!r}",
                 **log,
             )
+        # Only a missing or null ``args`` means "no arguments": [] or false is malformed.
+        raw_args = payload.get("args")
         try:
-            args: BaseModel = spec.args_model.model_validate(payload.get("args") or {})
+            args: BaseModel = spec.args_model.model_validate(
+                {} if raw_args is None else raw_args, strict=True
+            )
         except ValidationError as exc:
             return refused(422, Reason.MALFORMED, f"bad args for {tool}: {describe(exc)}", **log)
         slot_dir = self.settings.slots_dir / envelope.slot_id
@@ -141,33 +150,7 @@ class ToolService:
             )
         ctx = builtin.Context(slot_dir, self.settings)
         if not spec.mutating:
-            try:
-                result = run_tool(spec.name, ctx, args, envelope)
-            except paths.PathRefused as exc:
-                return refused(403, Reason.OUTSIDE_WORKSPACE, exc.message, **log)
-            except FileNotFoundError as exc:
-                return Reply(
-                    404,
-                    {"error": Reason.NOT_FOUND.value, "message": str(exc)},
-                    events.OUTCOME_FAILED,
-                    Reason.NOT_FOUND.value,
-                    log,
-                )
-            except ToolError as exc:
-                return Reply(
-                    200,
-                    {"result": {"error": exc.message}, "receipt": None, "replayed": False},
-                    events.OUTCOME_FAILED,
-                    exc.reason.value,
-                    log,
-                )
-            return Reply(
-                200,
-                {"result": result, "receipt": None, "replayed": False},
-                events.OUTCOME_READ,
-                None,
-                log,
-            )
+            return _read(spec, ctx, args, envelope, log)
         return self._mutate(spec, envelope, args, ctx, store, log)
 
     def _mutate(
@@ -184,8 +167,12 @@ class ToolService:
             fields = intent_fields(spec.name, ctx, args)
         except paths.PathRefused as exc:
             return refused(403, Reason.OUTSIDE_WORKSPACE, exc.message, **log)
-        except builtin.ToolFailed as exc:
+        except ToolError as exc:
+            # Nothing was recorded or changed: a patch naming no file, a path naming a
+            # directory where the tool needs a file (a directory is not a file).
             return refused(422, Reason.MALFORMED, exc.message, **log)
+        except OSError as exc:
+            return refused(422, Reason.MALFORMED, _os_error(exc), **log)
         if spec.name == "exec" and store.lookup(envelope.idempotency_key) is None:
             # Fail closed before any intent: exec never falls back to running unconfined.
             try:
@@ -235,6 +222,12 @@ class ToolService:
             status, detail = Status.FAILED, exc.message
         except FileNotFoundError as exc:
             status, detail = Status.FAILED, f"not found: {exc}"
+        except OSError as exc:
+            if spec.name == "exec":
+                raise  # the command may have run: its intent stays open (outcome unknown)
+            # The file tools replace atomically and git leaves its tree as it was when
+            # it fails: the call failed and changed nothing (no space, no permission).
+            status, detail = Status.FAILED, _os_error(exc)
         log["service_ms"] = round((time.monotonic() - started) * 1000.0, 2)
         self.hooks.after_effect(spec.name, envelope.idempotency_key)
         try:
@@ -305,6 +298,35 @@ class ToolService:
         write_stamp(slot_dir, poisoned, fsync=self.fsync)
 
 
+def _read(
+    spec: registry.ToolSpec,
+    ctx: builtin.Context,
+    args: BaseModel,
+    envelope: Envelope,
+    log: dict[str, Any],
+) -> Reply:
+    """A read-only call: its result, or why it failed (nothing to record)."""
+
+    def failed(message: str, reason: Reason) -> Reply:
+        body = {"result": {"error": message}, "receipt": None, "replayed": False}
+        return Reply(200, body, events.OUTCOME_FAILED, reason.value, log)
+
+    try:
+        result = run_tool(spec.name, ctx, args, envelope)
+    except paths.PathRefused as exc:
+        return refused(403, Reason.OUTSIDE_WORKSPACE, exc.message, **log)
+    except FileNotFoundError as exc:
+        missing = {"error": Reason.NOT_FOUND.value, "message": str(exc)}
+        return Reply(404, missing, events.OUTCOME_FAILED, Reason.NOT_FOUND.value, log)
+    except ToolError as exc:
+        return failed(exc.message, exc.reason)
+    except OSError as exc:
+        return failed(_os_error(exc), Reason.MALFORMED)
+    return Reply(
+        200, {"result": result, "receipt": None, "replayed": False}, events.OUTCOME_READ, None, log
+    )
+
+
 def _allowed(slot_dir: Path, generation: int, tool: str) -> bool:
     """Whether the lease at ``generation`` may call ``tool`` (its token record's tools).
 
@@ -316,3 +338,8 @@ def _allowed(slot_dir: Path, generation: int, tool: str) -> bool:
     except (OSError, ValueError):
         return False
     return record is None or record.allows(tool)
+
+
+def _os_error(exc: OSError) -> str:
+    """What the tree said, without the host's own paths (the caller knows its path)."""
+    return f"the work tree refused the call: {exc.strerror or type(exc).__name__}"
