@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import stamina
@@ -38,6 +39,9 @@ RETRY_HEADER = "x-slotrunner-retry"
 # The calling process, on every request: the chaos campaign's fault proxy kills or
 # pauses exactly the worker child that made a call (``ops.testing.fault_proxy``).
 PID_HEADER = "x-slotrunner-pid"
+# What a URL path segment may hold unquoted (RFC 3986 pchar, but "%"), so a readable key
+# such as job-A:1:3:write_file is sent as it reads.
+_PATH_SEGMENT_SAFE = "-._~!$&'()*+,;=:@"
 
 
 class ToolCallError(ToolError):
@@ -272,9 +276,9 @@ class ToolClient:
     # -- outcome unknown --------------------------------------------------------
 
     def _lookup(self, envelope: Envelope) -> ToolResponse | None:
-        response = self.http.get(
-            f"/v1/receipts/{envelope.idempotency_key}", params={"slot": envelope.slot_id}
-        )
+        # Quoted as one path segment: a key may hold "/", "?", "#" or "%" (any text).
+        key = quote(envelope.idempotency_key or "", safe=_PATH_SEGMENT_SAFE)
+        response = self.http.get(f"/v1/receipts/{key}", params={"slot": envelope.slot_id})
         if response.status_code == 200:
             receipt = response.json()["receipt"]
             return ToolResponse(

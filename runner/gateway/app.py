@@ -10,13 +10,15 @@ Routes (docs/architecture.md §Gateway):
 - ``GET /v1/models``: the upstream's list, under the same credential, without a
   lease (it is not inference).
 - ``GET /healthz``, ``GET /metrics`` (Prometheus text), ``GET /stats`` (the same
-  counts as JSON, and the desk of every run served).
+  counts as JSON, and the desk of every run served), ``GET /openapi.json`` (the
+  routes above as OpenAPI, ``runner/gateway/schema.py``).
 
 Binds 127.0.0.1 unless told otherwise. Off loopback it fails closed as the tool
 server does (``tools/server/app.py``): it refuses to start without
-``SLOTRUNNER_TOKEN``, and then ``/healthz``, ``/metrics`` and ``/stats`` require that
-token (``x-slotrunner-token`` or ``Authorization: Bearer``). The ``/v1`` routes take
-only the agents' own credentials: the host's token is never handed to an agent.
+``SLOTRUNNER_TOKEN``, and then ``/healthz``, ``/metrics``, ``/stats`` and
+``/openapi.json`` require that token (``x-slotrunner-token`` or ``Authorization:
+Bearer``). The ``/v1`` routes take only the agents' own credentials: the host's token
+is never handed to an agent.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from runner.admission.desk import DEFAULT_MAX_WAITING
 from runner.agent import openai_wire as wire
 from runner.core.settings import Settings
 from runner.errors import RunnerError
+from runner.gateway import schema
 from runner.gateway.credentials import Caller
 from runner.gateway.forward import CONNECT_TIMEOUT_S, Forwarder
 from runner.gateway.metrics import GatewayMetrics
@@ -185,6 +188,11 @@ def create_app(
             generate_latest(metrics.registry).decode(), media_type="text/plain; version=0.0.4"
         )
 
+    published = schema.document(token=token is not None)
+
+    async def openapi_json(request: Request) -> Response:
+        return ops_refusal(request) or JSONResponse(published)
+
     async def stats(request: Request) -> Response:
         refusal = ops_refusal(request)
         if refusal is not None:
@@ -200,6 +208,7 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),
+            Route("/openapi.json", openapi_json, methods=["GET"]),
         ],
         lifespan=lifespan,
     )

@@ -163,6 +163,30 @@ def test_receipt_lookup_endpoint(toolserver: ToolServer, slots: Slots) -> None:
     assert missing.status_code == 404
 
 
+@pytest.mark.parametrize("key", ["a/b", "q?x=1#f", "50%", "line\nbreak", "ünï cödé"])
+def test_a_key_of_any_text_can_be_looked_up(toolserver: ToolServer, slots: Slots, key: str) -> None:
+    """A key is any text (#15): quoted as a path segment, as the client sends it, its
+    receipt is found, and a key never reaches the route of another path."""
+    from urllib.parse import quote
+
+    from tools.client import ToolClient
+    from tools.envelope import Envelope
+
+    a = slots.lease("job-A")
+    body = {"envelope": envelope(a, "write_file", key), "args": {"path": "a.txt", "content": "x"}}
+    assert post(toolserver, "write_file", body).status_code == 200
+    url = f"{toolserver.url}/v1/receipts/{quote(key, safe='')}"
+    found = httpx.get(url, params={"slot": a.slot_id})
+    assert found.status_code == 200 and found.json()["receipt"]["key"] == key
+    client = ToolClient(toolserver.url)
+    try:
+        reconciled = client._lookup(Envelope.model_validate(body["envelope"]))
+    finally:
+        client.http.close()
+    assert reconciled is not None and reconciled.receipt is not None
+    assert reconciled.receipt["key"] == key
+
+
 @pytest.mark.parametrize(
     "path",
     [
