@@ -195,6 +195,16 @@ class ToolService:
         except ReceiptDurabilityError as exc:
             return self._poison(ctx, exc, log)
         receipt = begun.receipt
+        if not begun.fresh and receipt.tool != spec.name:
+            # A key names one call: answering git_commit with an exec's receipt, or
+            # finishing a write_file's open intent with an rm, would be a lie (#15).
+            return refused(
+                422,
+                Reason.MALFORMED,
+                f"idempotency key {envelope.idempotency_key!r} belongs to a {receipt.tool} "
+                f"call; a key names one call (use a new key for this {spec.name})",
+                **log,
+            )
         if not begun.fresh:
             if receipt.status != Status.INTENT:
                 return replayed(receipt, log)

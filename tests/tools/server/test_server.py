@@ -187,6 +187,20 @@ def test_a_key_of_any_text_can_be_looked_up(toolserver: ToolServer, slots: Slots
     assert reconciled.receipt["key"] == key
 
 
+def test_a_key_names_one_call_never_another_tools(toolserver: ToolServer, slots: Slots) -> None:
+    """A key that has a write_file's receipt, sent again with rm, is refused 422 and the
+    file stays: never answered with the write's receipt as if rm had run (#15)."""
+    a = slots.lease("job-A")
+    write = {"envelope": envelope(a, "write_file", "k1"), "args": {"path": "a.txt", "content": "x"}}
+    assert post(toolserver, "write_file", write).status_code == 200
+    rm = post(toolserver, "rm", {"envelope": envelope(a, "rm", "k1"), "args": {"path": "a.txt"}})
+    assert rm.status_code == 422 and rm.json()["error"] == "malformed", rm.text
+    assert "write_file" in rm.json()["message"]
+    assert (slots.work(a) / "a.txt").read_bytes() == b"x"
+    again = post(toolserver, "write_file", write)
+    assert again.status_code == 200 and again.json()["replayed"] is True
+
+
 @pytest.mark.parametrize(
     "path",
     [
