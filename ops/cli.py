@@ -126,10 +126,16 @@ class Responder:
         pager: Pager | None,
         brake: PoolBrake | None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        live: bool = False,
     ) -> None:
         self.pager, self.brake, self._clock = pager, brake, clock
         self._retry_at = 0.0
         self.failed = False
+        # Following, each failed delivery is said when it happens; a one-shot run says
+        # only the last, once, at its end (one line, however many batches it paged).
+        self.live = live
+        self.last_error = ""
 
     def __call__(self, incidents: list[Incident]) -> None:
         note = None
@@ -151,7 +157,9 @@ class Responder:
         except PageError as exc:
             self.failed = True
             self._retry_at = self._clock() + RETRY_GAP_S
-            click.echo(f"error: {exc} ({self.pager.pending} alerts kept to retry)", err=True)
+            self.last_error = f"{exc} ({self.pager.pending} alerts kept to retry)"
+            if self.live:
+                click.echo(f"error: {self.last_error}", err=True)
 
 
 @click.group(name="ops")
@@ -180,7 +188,7 @@ def detect(
 ) -> None:
     """Report cross-job, stale-generation, unowned and duplicate applies in PATH... (files,
     globs, .gz, - for stdin; default: this host's log). Exit 0 clean, 1 incidents, 2 unusable."""
-    if webhook and not webhook.startswith(("http://", "https://")):
+    if webhook and not _http_url(webhook):
         raise click.BadParameter(
             f"{webhook!r}: expected an http:// or https:// URL", param_hint="--webhook"
         )
@@ -194,7 +202,7 @@ def detect(
     except OSError as exc:
         raise CliError(f"--state-dir {state_dir}") from exc
     brake = PoolBrake(_broker_url) if stop_pool else None
-    respond = Responder(pager, brake)
+    respond = Responder(pager, brake, live=follow)
     try:
         if follow:
             assert state_dir is not None
@@ -205,8 +213,19 @@ def detect(
         if pager is not None:
             pager.close()
     if respond.failed:
-        click.echo("error: some pages were not delivered", err=True)
+        last = "" if follow else f": {respond.last_error}"
+        click.echo(f"error: some pages were not delivered{last}", err=True)
     raise SystemExit(code)
+
+
+def _http_url(text: str) -> bool:
+    import httpx  # only when a webhook is given
+
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL:  # "http://[::1": a scheme, and no URL
+        return False
+    return url.scheme in ("http", "https") and bool(url.host)
 
 
 def _pager(webhook: str, state_dir: Path) -> Pager:

@@ -36,7 +36,7 @@ def worth_it(tally: Tally) -> bool:
         return False
     try:
         return os.path.getsize(tally.path) >= MIN_BYTES
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the path
         return False  # the caller's own reader reports it
 
 

@@ -231,6 +231,9 @@ def read_chunks(
     except OSError as exc:
         tally.error = f"cannot read ({exc.strerror or exc})"
         return
+    except ValueError:  # open() refuses a path with a NUL before the system sees it
+        tally.error = "no such file (the path holds a NUL)"
+        return
     # A stdin that is a plain byte stream (a caller running the CLI in-process, as
     # click's test runner does) has no peek(): buffer it, and detach after, so the
     # buffer never closes the caller's stream.

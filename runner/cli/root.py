@@ -50,6 +50,15 @@ class RootGroup(click.Group):
             self._loaded[cmd_name] = _load(point)
         return self._loaded[cmd_name]
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # No command line can carry a NUL (argv is C strings), so only an in-process
+        # caller can pass one; every path, host and name would raise on it somewhere
+        # deep in the verb. Refused here, once, for every verb.
+        for arg in args:
+            if "\x00" in arg:
+                raise click.UsageError(f"argument {arg!r} holds a NUL character", ctx)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> object:
         # The root's own options are parsed by now; a verb's are parsed in here, so a
         # bad one is still click's usage error, printed as click prints it.
