@@ -23,7 +23,9 @@ from ops.testing.fake_endpoint.server import serve
 from runner.core.settings import Settings
 from runner.core.stamp import SlotState, read_stamp
 from runner.jobs.submit import submit
+from tests.support.agents import agent_pythonpath
 from tests.support.gateway import Gateway, desk_stats, new_run, upstream
+from tests.support.mcpclient import mcp_session, text_of
 from tests.support.repos import REPO, make_repo
 from tests.support.stack import FAST, UNACKED_RESTORE_S, Stack, run_cli, stack, wait_until
 
@@ -176,14 +178,20 @@ def test_a_worker_killed_under_the_agent_resumes_it_as_a_fenced_new_attempt(
     settings: Settings, tmp_path: Path
 ) -> None:
     """SIGKILL of the whole worker group during the agent's sleep: attempt 2 elsewhere
-    runs the agent again from a fresh tree and succeeds; attempt 1's envelope is
-    refused; every key applied once; the detector finds nothing."""
+    runs the agent again from a fresh tree and succeeds; attempt 1's envelope and its
+    lease token are refused; every key applied once; the detector finds nothing."""
     job = "mini-killed-1"
-    with stack(settings.with_(slots=1), tmp_path, UNACKED_RESTORE_S, **FAST) as s:
+    leases = tmp_path / "leases"
+    leases.mkdir()
+    env = {"PYTHONPATH": agent_pythonpath(), **FAST}
+    with stack(settings.with_(slots=1), tmp_path, UNACKED_RESTORE_S, **env) as s:
         s.worker("w1")
         s.worker("w2")
         repo, base = sample(tmp_path)
         spec = example_spec(repo, base, job, wait=SLOW)
+        # The same adapter, through an entry that also keeps each attempt's token.
+        spec["planner"]["entry"] = "tests.support.agents:mini_recording_lease"
+        spec["planner"]["config"]["record_lease_to"] = str(leases)
         submit(s.app, s.redis, spec)
         owner = s.owner_of(job, 1)
         first = s.wait_event("the first lease", "slot_leased", job_id=job, attempt=1)
@@ -216,6 +224,16 @@ def test_a_worker_killed_under_the_agent_resumes_it_as_a_fenced_new_attempt(
         )
         assert reply.status_code == 409, reply.text
         assert reply.json()["error"] in ("stale_generation", "slot_job_mismatch")
+        assert not (s.work(slot) / "zombie.txt").exists()
+        # And so is what its agent would send over MCP with the dead attempt's token.
+        dead = json.loads((leases / "a1.json").read_text())
+        assert (
+            dead["token"] and dead["token"] != json.loads((leases / "a2.json").read_text())["token"]
+        )
+        with mcp_session(dead["mcp_url"], dead["token"]) as mcp:
+            refused = mcp.call("exec", {"command": "echo zombie > zombie.txt"}, key=f"{job}:z")
+        assert refused.is_error, refused
+        assert text_of(refused).startswith(("stale_generation", "slot_job_mismatch")), refused
         assert not (s.work(slot) / "zombie.txt").exists()
         committed = [e for e in s.events("job_finished", job_id=job) if e["committed"]]
         assert [e["attempt"] for e in committed] == [2]

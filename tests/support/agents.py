@@ -71,3 +71,16 @@ def chat_through_gateway(workspace: Workspace, config: dict[str, Any]) -> None:
         model="fake-model", messages=[{"role": "user", "content": "hello"}]
     )
     workspace.write_file(path="reply.txt", content=f"{reply.choices[0].message.content}\n")
+
+
+def mini_recording_lease(workspace: Workspace, config: dict[str, Any]) -> Any:
+    """mini-swe-agent's adapter, after writing this attempt's lease token and MCP URL to
+    ``config["record_lease_to"]/a<attempt>.json``, so a test can try them once the
+    attempt is dead."""
+    import json
+
+    from runner.agent.adapters.mini_swe_agent import run
+
+    record = Path(config.pop("record_lease_to")) / f"a{workspace.attempt}.json"
+    record.write_text(json.dumps({"token": workspace.token, "mcp_url": workspace.mcp_url}))
+    return run(workspace, config)
