@@ -59,6 +59,7 @@ from bench.stats import (
 )
 from ops.testing.stack import Child, start_worker
 from runner.core import events
+from runner.core.poll import poll_until
 from runner.core.settings import Settings
 from runner.jobs.submit import submit, wait_for
 from runner.worker.celery_app import create_app
@@ -115,6 +116,16 @@ class Stack:
                 raise BenchError(
                     f"e2e {self.name}: job {job_id} made {got.counts.tool_calls} calls"
                 )
+        # ``job_finished`` is logged just after the commit that made the result visible:
+        # read the log until every job's line is there.
+        begun, ended = poll_until(
+            lambda: self._times(job_ids), 30.0, 0.05, what="every job's job_finished line"
+        )
+        durations = tuple(ended[j] - begun[j] for j in job_ids)
+        return Run(durations, max(ended.values()) - started, len(job_ids))
+
+    def _times(self, job_ids: list[str]) -> tuple[dict[str, float], dict[str, float]] | None:
+        """(started, finished) instants by job, once the log has both for every job."""
         begun: dict[str, float] = {}
         ended: dict[str, float] = {}
         wanted = set(job_ids)
@@ -127,8 +138,7 @@ class Stack:
                     begun[line["job_id"]] = _instant(line["ts"])
                 elif line["event"] == events.JOB_FINISHED:
                     ended[line["job_id"]] = _instant(line["ts"])
-        durations = tuple(ended[j] - begun[j] for j in job_ids)
-        return Run(durations, max(ended.values()) - started, len(job_ids))
+        return (begun, ended) if wanted <= begun.keys() & ended.keys() else None
 
 
 def run(ctx: Context) -> BenchResult:
