@@ -69,6 +69,22 @@ class Usage(_Wire):
     total_tokens: int
 
 
+def _object_wire(
+    id_: str, object_: str, created: int, model: str, choices: list[Any], usage: Usage | None
+) -> dict[str, Any]:
+    """A completion or chunk object, keys in the order OpenAI writes them."""
+    wire: dict[str, Any] = {
+        "id": id_,
+        "object": object_,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if usage is not None:
+        wire["usage"] = usage.model_dump()
+    return wire
+
+
 class ChatCompletion(_Wire):
     """A ``chat.completion`` object: what ``POST .../chat/completions`` answers."""
 
@@ -80,24 +96,16 @@ class ChatCompletion(_Wire):
     usage: Usage | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": c.message.to_wire(),
-                    "logprobs": c.logprobs,
-                    "finish_reason": c.finish_reason,
-                }
-                for c in self.choices
-            ],
-        }
-        if self.usage is not None:
-            wire["usage"] = self.usage.model_dump()
-        return wire
+        choices = [
+            {
+                "index": c.index,
+                "message": c.message.to_wire(),
+                "logprobs": c.logprobs,
+                "finish_reason": c.finish_reason,
+            }
+            for c in self.choices
+        ]
+        return _object_wire(self.id, self.object, self.created, self.model, choices, self.usage)
 
 
 def parse_completion(raw: bytes) -> ChatCompletion:
@@ -204,24 +212,16 @@ class ChatCompletionChunk(_Wire):
     usage: Usage | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": c.index,
-                    "delta": c.delta.to_wire(),
-                    "logprobs": c.logprobs,
-                    "finish_reason": c.finish_reason,
-                }
-                for c in self.choices
-            ],
-        }
-        if self.usage is not None:
-            wire["usage"] = self.usage.model_dump()
-        return wire
+        choices = [
+            {
+                "index": c.index,
+                "delta": c.delta.to_wire(),
+                "logprobs": c.logprobs,
+                "finish_reason": c.finish_reason,
+            }
+            for c in self.choices
+        ]
+        return _object_wire(self.id, self.object, self.created, self.model, choices, self.usage)
 
 
 def _halves(text: str) -> list[str]:
