@@ -48,6 +48,10 @@ as a second base (marked ``+``)::
     ├── GatewayConfigError               runner.gateway.app: the gateway would listen
     │                                    off loopback without a token
     ├── GatewayStartError                runner.gateway.server: its server did not come up
+    ├── EnvError                         runner.envs.store: an environment that cannot
+    │   │                                be keyed, built, used or removed
+    │   ├── EnvBusy                      being built or used by a running job
+    │   └── EnvSetupFailed               runner.envs.build: a setup command failed
     ├── SpecError  + ValueError          runner.jobs.submit: a job spec that cannot run
     ├── EntryError  + ValueError         runner.jobs.entry: a python planner's entry that
     │                                    cannot be imported or called

@@ -12,6 +12,7 @@ outcome is resolved after a crash, instead of replaying it blindly (I4).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from tools import paths
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.sandbox import run as sandbox
+from tools.sandbox.environment import Environment, environment_of
 from tools.sandbox.layout import slot_layout
 
 READ_MAX_BYTES = 4 * 1024 * 1024
@@ -223,15 +225,39 @@ def interpreter_roots(program: str, home: Path) -> list[Path]:
     return roots
 
 
-def run_tests(ctx: Context, args: Any, *, job_id: str, generation: int) -> dict[str, Any]:
+def lease_job(ctx: Context, job_id: str, generation: int) -> dict[str, Any]:
+    """The slot's job description, refused unless it is this lease's."""
     job = read_job(ctx.slot_dir)
     if job.get("job_id") != job_id or job.get("generation") != generation:
         raise ToolFailed("the slot's job description belongs to another lease")
+    return job
+
+
+def sandbox_view(
+    ctx: Context, job: dict[str, Any]
+) -> tuple[sandbox.SlotLayout, dict[str, str], Environment | None]:
+    """The slot's layout, extra variables and environment for a command of ``job``.
+
+    A job with a built environment sees it read-only at the path it was built at, with
+    ``$ENV/bin`` leading ``PATH`` and ``VIRTUAL_ENV`` set (docs/architecture.md
+    §Environments).
+    """
+    layout = ctx.layout
+    env = environment_of(ctx.settings.home, job)
+    if env is None:
+        return layout, {}, None
+    layout = dataclasses.replace(layout, binds=(*layout.binds, env.bind))
+    return layout, dict(env.variables), env
+
+
+def run_tests(ctx: Context, args: Any, *, job_id: str, generation: int) -> dict[str, Any]:
+    job = lease_job(ctx, job_id, generation)
     argv = job.get("test_command")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise ToolFailed("the job has no test_command (an argv list)")
     timeout_s = float(job.get("test_timeout_s", 120.0))
     limits = sandbox.Limits(wall_s=timeout_s, cpu_s=max(1, int(timeout_s)))
+    layout, variables, env = sandbox_view(ctx, job)
     result = sandbox.run(
         argv,
         ctx.work,
@@ -239,9 +265,10 @@ def run_tests(ctx: Context, args: Any, *, job_id: str, generation: int) -> dict[
         limits=limits,
         hide=[ctx.settings.home],
         expose=interpreter_roots(argv[0], ctx.settings.home),
-        layout=ctx.layout,
+        env=variables,
+        layout=layout,
     )
-    return {
+    reply = {
         "exit_code": result.exit_code,
         "passed": result.exit_code == 0 and not result.timed_out,
         "timed_out": result.timed_out,
@@ -253,3 +280,6 @@ def run_tests(ctx: Context, args: Any, *, job_id: str, generation: int) -> dict[
         "sandbox_warning": result.warning,
         "duration_ms": round(result.duration_ms, 1),
     }
+    if env is not None:
+        reply["environment"] = env.key
+    return reply

@@ -175,6 +175,9 @@ class RunTestsResult(_Result):
     sandbox: str = Field(description="bwrap, or none with the sandbox off")
     sandbox_warning: str | None
     duration_ms: float
+    environment: str | None = Field(
+        default=None, description="the key of the job's built environment, when it has one"
+    )
 
 
 class ExecResult(_Result):
@@ -185,6 +188,9 @@ class ExecResult(_Result):
     duration_ms: float
     sandbox: str = Field(description="bwrap, or none with the sandbox off")
     sandbox_warning: str | None = Field(default=None, description="present when the run had one")
+    environment: str | None = Field(
+        default=None, description="the key of the job's built environment, when it has one"
+    )
 
 
 class ToolFailure(_Result):

@@ -62,22 +62,35 @@ def exit_code(result: sandbox.SandboxResult) -> int:
     return 128 + (result.killed_signal or 9)
 
 
-def exec_command(ctx: builtin.Context, args: Any) -> dict[str, Any]:
-    """Run ``args.command`` in the slot's tree; every process it started is dead on return."""
+def exec_command(
+    ctx: builtin.Context, args: Any, *, job_id: str, generation: int
+) -> dict[str, Any]:
+    """Run ``args.command`` in the slot's tree; every process it started is dead on return.
+
+    With the job's built environment (``job.json``), it is shown read-only as
+    ``run_tests`` shows it; a slot with no job description of this lease runs the
+    command with the host's tools only.
+    """
     timeout_s = float(args.timeout_s)
     limits = sandbox.Limits(
         wall_s=timeout_s,
         cpu_s=max(1, math.ceil(timeout_s)),
         output_bytes=registry.EXEC_OUTPUT_BYTES,
     )
+    try:
+        job = builtin.lease_job(ctx, job_id, generation)
+    except builtin.ToolFailed:
+        job = {}
+    layout, variables, env = builtin.sandbox_view(ctx, job)
     result = sandbox.run(
         [SHELL, "-c", args.command],
         ctx.work,
         mode=sandbox_mode(ctx.settings),
         limits=limits,
         hide=[ctx.settings.home],
+        env=variables,
         merged=True,
-        layout=ctx.layout,
+        layout=layout,
     )
     reply: dict[str, Any] = {
         "exit_code": exit_code(result),
@@ -89,4 +102,6 @@ def exec_command(ctx: builtin.Context, args: Any) -> dict[str, Any]:
     }
     if result.warning:
         reply["sandbox_warning"] = result.warning
+    if env is not None:
+        reply["environment"] = env.key
     return reply

@@ -68,6 +68,11 @@ def job_state(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:state"
 
 
+def job_phase(job_id: str) -> str:
+    """What a running job is doing before its agent starts ("building environment ...")."""
+    return f"{PREFIX}:job:{job_id}:phase"
+
+
 def job_spec(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:spec"
 

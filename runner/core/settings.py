@@ -19,6 +19,7 @@ from runner.errors import RunnerError
 SandboxMode = Literal["required", "auto", "off"]
 _SANDBOX_MODES: tuple[SandboxMode, ...] = ("required", "auto", "off")
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8791/v1"
+DEFAULT_ENVS_MAX_GB = 20.0
 
 
 class SettingsError(RunnerError, ValueError):
@@ -37,6 +38,9 @@ class Settings:
     host: str
     # The admission gateway's API base, as agents are given it (runner/gateway/).
     gateway_url: str = DEFAULT_GATEWAY_URL
+    # Disk the host's built environments may take before the least recently used go
+    # (runner/envs/).
+    envs_max_gb: float = DEFAULT_ENVS_MAX_GB
 
     @property
     def slots_dir(self) -> Path:
@@ -74,6 +78,7 @@ class Settings:
             "SLOTRUNNER_SANDBOX": self.sandbox,
             "SLOTRUNNER_HOST_ID": self.host,
             "SLOTRUNNER_GATEWAY_URL": self.gateway_url,
+            "SLOTRUNNER_ENVS_MAX_GB": repr(self.envs_max_gb),
         }
 
     @classmethod
@@ -97,6 +102,9 @@ class Settings:
             sandbox=sandbox,
             host=env.get("SLOTRUNNER_HOST_ID") or socket.gethostname(),
             gateway_url=(env.get("SLOTRUNNER_GATEWAY_URL") or DEFAULT_GATEWAY_URL).rstrip("/"),
+            envs_max_gb=_positive_float(
+                env, "SLOTRUNNER_ENVS_MAX_GB", DEFAULT_ENVS_MAX_GB, unit="a number of GB"
+            ),
         )
 
 
@@ -113,14 +121,16 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+def _positive_float(
+    env: Mapping[str, str], name: str, default: float, unit: str = "a number of seconds"
+) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise SettingsError(f"{name}={raw!r}: expected a number of seconds") from None
+        raise SettingsError(f"{name}={raw!r}: expected {unit}") from None
     if not value > 0:
         raise SettingsError(f"{name}={raw!r}: must be greater than 0")
     return value

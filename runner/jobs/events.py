@@ -43,3 +43,10 @@ AGENT_ENDED: Final = "agent_ended"
 # an attempt ended what was left of an older attempt's agent on this host (its worker
 # died): job_id, attempt, older_attempt, killed
 AGENT_LEFTOVERS_ENDED: Final = "agent_leftovers_ended"
+# a job's environment (runner.envs) was built by this job: job_id, attempt, key,
+# build_s, log; once per build, so a key's builds are counted by these lines
+ENVIRONMENT_BUILT: Final = "environment_built"
+# ... was found built and taken: job_id, attempt, key, wait_s (waiting for a build)
+ENVIRONMENT_REUSED: Final = "environment_reused"
+# ... could not be built or used (the job fails): job_id, attempt, key, error
+ENVIRONMENT_FAILED: Final = "environment_failed"

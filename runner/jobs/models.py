@@ -183,6 +183,49 @@ def unknown_tools(names: Iterable[str]) -> str | None:
     return f"unknown tool(s) {shown}; known: {', '.join(sorted(registry.TOOLS))}"
 
 
+class EnvironmentSpec(_Model):
+    """A job's ``environment``: built once per key from the base commit's files and
+    shown read-only to every ``run_tests`` and ``exec`` of the jobs that share it
+    (docs/architecture.md §Environments). ``$ENV`` in an argument is the
+    environment's directory; ``timeout_s`` bounds each setup command."""
+
+    setup: list[list[str]] = Field(min_length=1, max_length=32)
+    key_files: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    network: bool = True
+    timeout_s: float = Field(default=900.0, gt=0, le=6 * 3600)
+
+    @field_validator("setup")
+    @classmethod
+    def _argvs(cls, value: list[list[str]]) -> list[list[str]]:
+        for number, argv in enumerate(value, 1):
+            if not argv or len(argv) > 1024 or any("\x00" in part for part in argv):
+                raise ValueError(f"setup command {number} must be a non-empty argv without NUL")
+            program = argv[0]
+            if not program or ("/" in program and not program.startswith(("/", "$ENV/"))):
+                raise ValueError(
+                    f"setup command {number}: argv[0] {program!r} must be a program on PATH, "
+                    "an absolute path or a path under $ENV/"
+                )
+        return value
+
+    @field_validator("key_files")
+    @classmethod
+    def _relative(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or ():
+            parts = name.split("/")
+            if (
+                not name
+                or name.startswith("/")
+                or any(part in ("", ".", "..") for part in parts)
+                or any(c in name for c in "\x00\n\r")
+            ):
+                raise ValueError(
+                    f"key_files: {name!r} must be a path relative to the repository's root "
+                    "(no '..', no leading '/')"
+                )
+        return value
+
+
 class JobSpec(_Model):
     job_id: JobId | None = None
     eval_run: str = Field(default="default", min_length=1, max_length=128)
@@ -195,6 +238,7 @@ class JobSpec(_Model):
     max_steps: int = Field(default=50, ge=1, le=10_000)
     # The tools the job's lease may call (docs/architecture.md §Job spec); None: all.
     tools: list[str] | None = Field(default=None, min_length=1)
+    environment: EnvironmentSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -277,3 +321,6 @@ class JobResult(BaseModel):
     # (runner.agent.command.CommandOutcome.summary); for a ``python`` agent, what its
     # function returned (``{"kind": "python", "returned": ...}``, runner.agent.function).
     agent: dict[str, Any] | None = None
+    # The job's built environment: its key, whether this job built it, the build's
+    # and the wait's seconds, the build log (runner.envs.build.Ready.summary).
+    environment: dict[str, Any] | None = None

@@ -2,7 +2,8 @@
 
 not cancelled, enough deadline left (``runner.jobs.backpressure``) -> janitor sweep ->
 lease a slot (bounded wait; the janitor sweeps while it waits) -> prepare the tree
-(start snapshot) -> agent loop (asks :meth:`Attempt.between_steps` before each step:
+(start snapshot) -> the job's environment, built or found and held
+(``runner.worker.environment``) -> agent loop (asks :meth:`Attempt.between_steps` before each step:
 renew the lease, stop when superseded or cancelled) -> end snapshot -> release the
 slot (exactly once, in ``finally``) -> commit the result, refused unless this
 attempt is still the job's current one.
@@ -22,6 +23,8 @@ from runner.agent.loop import AgentRun, ScriptedSteps
 from runner.agent.planners import ChatPlanner, PlannerError, PlannerStopped, admission_desk
 from runner.core import keys
 from runner.core.stamp import Stamp
+from runner.envs.build import Ready
+from runner.envs.store import EnvError
 from runner.gateway.credentials import Credential
 from runner.jobs import backpressure, entry
 from runner.jobs import events as job_events
@@ -37,7 +40,7 @@ from runner.jobs.results import finish
 from runner.slots.fence import LeaseLostError, fenced
 from runner.slots.lease_keeper import LeaseKeeper
 from runner.slots.pool import Lease, NoSlotFree, ReleaseRefused
-from runner.worker import agents
+from runner.worker import agents, environment
 from runner.worker.context import WorkerContext
 from runner.worker.liveness import CANCELLED, SUPERSEDED, Claimed, Heartbeat, Liveness
 from runner.workspace.git import WorkspaceError
@@ -87,6 +90,8 @@ class Attempt:
         self.credential: Credential | None = None
         # A ``command`` agent's process as the result reports it (``JobResult.agent``).
         self.agent_summary: dict[str, Any] | None = None
+        # The job's built environment, held from its build until the slot's release.
+        self.env: Ready | None = None
 
     def stop_reason(self) -> str | None:
         if self.beat.superseded.is_set():
@@ -167,6 +172,8 @@ class Attempt:
             # logged there.
             with contextlib.suppress(ReleaseRefused):
                 self.ctx.slots.release(stamp.slot_id, self.job_id, stamp.generation)
+            if self.env is not None:  # held for the whole lease: never evicted under it
+                self.env.close()
         if self.beat.superseded.is_set() or self.liveness.stop_reason(self.attempt) == SUPERSEDED:
             return self.superseded(result)
         return self.finish(result)
@@ -195,19 +202,25 @@ class Attempt:
         slot_dir = ctx.settings.slots_dir / stamp.slot_id
         where = {"slot_id": stamp.slot_id, "generation": stamp.generation}
         try:
-            with self.fenced(slot_dir, stamp):
-                write_job(
-                    slot_dir,
-                    {
-                        "job_id": job_id,
-                        "generation": stamp.generation,
-                        "test_command": spec.test_command,
-                        "test_timeout_s": spec.test_timeout_s,
-                    },
-                )
             prepared = ctx.workspaces.prepare(
                 slot_dir, spec.repo, spec.base, job_id, fence=lambda: self.fenced(slot_dir, stamp)
             )
+            job = {
+                "job_id": job_id,
+                "generation": stamp.generation,
+                "test_command": spec.test_command,
+                "test_timeout_s": spec.test_timeout_s,
+            }
+            if spec.environment is not None:
+                try:
+                    self.env = environment.take(
+                        ctx, spec, prepared, attempt=self.attempt, should_stop=self.stop_reason
+                    )
+                except EnvError as exc:
+                    return self.result("failed", str(exc), **where)
+                job["environment"] = {"key": self.env.key, "mount": self.env.mount}
+            with self.fenced(slot_dir, stamp):
+                write_job(slot_dir, job)
             left_s = backpressure.deadline_left_s(spec.deadline_s, self.submitted_at, time.time())
             timed = spec.model_copy(update={"deadline_s": max(left_s, 0.001)})
             run = AgentRun(timed, stamp, slot_dir, ctx.client, should_stop=self.between_steps)
@@ -256,6 +269,7 @@ class Attempt:
                 sandbox=_sandbox_mode(records),
                 planner=planner_stats,
                 agent=self.agent_summary,
+                environment=self.env.summary() if self.env is not None else None,
                 **where,
             )
         except WorkspaceError as exc:

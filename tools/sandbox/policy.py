@@ -94,6 +94,7 @@ def bwrap_argv(
     hide: Sequence[Path] = (),
     expose: Sequence[Path] = (),
     binds: Sequence[Bind] = (),
+    network: bool = False,
 ) -> list[str]:
     """The bwrap command line up to (and including) ``--``.
 
@@ -103,8 +104,12 @@ def bwrap_argv(
     read-only last. ``expose`` re-binds host paths read-only after the hiding (the
     self-test uses it to reach its own interpreter). ``binds`` (a slot's
     :class:`SlotLayout`) come after the work tree, so one may cover a path in it.
+    ``network`` keeps the host's network: only an environment's setup asks for it
+    (docs/architecture.md §Environments), never ``run_tests`` or ``exec``.
     """
     argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL"]
+    if network:
+        argv.append("--share-net")
     argv += ["--die-with-parent", "--new-session", "--tmpfs", "/"]
     for name, target in sorted(root_entries.items()):
         if name in _SKIPPED_ROOT:

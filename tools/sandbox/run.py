@@ -77,6 +77,7 @@ __all__ = [
     "rlimits",
     "run",
     "sandbox_env",
+    "sandbox_used",
     "self_test",
 ]
 
@@ -94,6 +95,15 @@ class SandboxResult:
     duration_ms: float
 
 
+def sandbox_used(mode: SandboxMode, path_env: str | None = None) -> tuple[str, str | None]:
+    """(mode, warning) a run under the policy ``mode`` would have here; nothing is run but
+    the (cached) self-test. Raises :class:`SandboxUnavailable` as :func:`run` would."""
+    if mode == "off":
+        return "none", None
+    bwrap = find_bwrap(path_env)
+    return choose_mode(mode, self_test(bwrap) if bwrap else missing())
+
+
 def run(
     argv: Sequence[str],
     work: Path,
@@ -106,6 +116,7 @@ def run(
     path_env: str | None = None,
     merged: bool = False,
     layout: SlotLayout | None = None,
+    network: bool = False,
 ) -> SandboxResult:
     """Run ``argv`` with ``work`` as its (read-write) working tree, contained.
 
@@ -117,7 +128,7 @@ def run(
     environment. Each of stdout and stderr keeps at most ``limits.output_bytes``; the
     rest is read and dropped. With ``merged`` both go to one pipe, in order, into
     ``stdout`` (its head and tail kept, the middle dropped with a marker); ``stderr``
-    is then empty.
+    is then empty. ``network`` keeps the host's network (an environment's setup only).
     Raises :class:`SandboxUnavailable` when ``mode="required"`` and bwrap is missing
     or fails its self-test, and :class:`ToolError` (``malformed``) for bad input.
     """
@@ -149,7 +160,10 @@ def run(
         hidden = [p for p in (Path(h).resolve() for h in hides) if p.is_dir()]
         shown = [p for p in (Path(e).resolve() for e in expose) if p.exists()]
         binds = layout.binds if layout is not None else ()
-        command = bwrap_argv(test.bwrap, work, root_entries(), hidden, shown, binds) + command
+        command = (
+            bwrap_argv(test.bwrap, work, root_entries(), hidden, shown, binds, network=network)
+            + command
+        )
     started = time.monotonic()
     try:
         outcome = execute(command, work, full_env, limits, cgroup, merged=merged)

@@ -46,7 +46,7 @@ def intent_fields(tool: str, ctx: builtin.Context, args: Any) -> dict[str, Any]:
 def run_tool(tool: str, ctx: builtin.Context, args: Any, envelope: Envelope) -> dict[str, Any]:
     """Run one registered tool on the slot's tree; its result, or a ToolError."""
     if tool == "exec":
-        return shell.exec_command(ctx, args)
+        return shell.exec_command(ctx, args, job_id=envelope.job_id, generation=envelope.generation)
     if tool == "run_tests":
         return builtin.run_tests(ctx, args, job_id=envelope.job_id, generation=envelope.generation)
     fn: Callable[[builtin.Context, Any], dict[str, Any]] = getattr(builtin, tool)
