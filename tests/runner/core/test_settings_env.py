@@ -21,6 +21,7 @@ FULL = {
     "SLOTRUNNER_TOKEN": "secret",
     "SLOTRUNNER_SANDBOX": "off",
     "SLOTRUNNER_HOST_ID": "h-1",
+    "SLOTRUNNER_ENVS_MAX_GB": "2.5",
 }
 
 
