@@ -113,7 +113,8 @@ def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
 def result(job_id: str, as_json: bool) -> None:
-    """Show a job's result. Exit 0 succeeded, 1 another end state, 3 not finished."""
+    """Show a job's result. Exit 0 succeeded, 1 another end state, 3 not finished
+    (a running job's phase, such as building its environment, is shown)."""
     from runner.core import keys
     from runner.core.ids import JOB_ID_RULE, valid_job_id
     from runner.jobs.results import load_result
@@ -131,10 +132,15 @@ def result(job_id: str, as_json: bool) -> None:
         state = raw.decode() if isinstance(raw, bytes) else raw
         if state is None:
             raise CliError(f"no job {job_id!r} is known to this Redis")
+        shown: dict[str, str | None] = {"job_id": job_id, "state": state}
+        if state == "running":  # maybe still building its environment (runner.worker.environment)
+            raw = client.get(keys.job_phase(job_id))
+            shown["phase"] = raw.decode() if isinstance(raw, bytes) else raw
         if as_json:
-            emit_json({"job_id": job_id, "state": state})
+            emit_json(shown)
         else:
-            click.echo(f"{job_id}: {state}")
+            phase = f" ({shown['phase']})" if shown.get("phase") else ""
+            click.echo(f"{job_id}: {state}{phase}")
         sys.exit(EXIT_PENDING)
     if as_json:
         emit_json(found.model_dump())
@@ -260,12 +266,14 @@ def _check_bindable(host: str, port: int) -> None:
 def _mount() -> None:
     # The runner's own verbs; ops, demo, chaos, harness and fake-endpoint come in
     # through the entry points RootGroup reads (runner must not import ops).
+    from runner.cli.envs import envs
     from runner.cli.gateway import gateway
     from runner.cli.jobs import cancel
     from runner.cli.slots import slots
     from runner.cli.tools import tools
 
     main.add_command(cancel)
+    main.add_command(envs)
     main.add_command(gateway)
     main.add_command(slots)
     main.add_command(tools)

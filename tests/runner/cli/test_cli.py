@@ -27,6 +27,7 @@ VERBS = (
     "cancel",
     "chaos",
     "demo",
+    "envs",
     "fake-endpoint",
     "gateway",
     "harness",
@@ -39,6 +40,7 @@ VERBS = (
     "worker",
 )
 SUBVERBS = {
+    "envs": ("list", "build", "rm"),
     "slots": ("list", "lease", "release"),
     "tools": ("table",),
     "ops": ("detect", "verify", "restore"),

@@ -110,7 +110,7 @@ class Corpus:
         return table.get(option)
 
     def argument(self, verb: tuple[str, ...]) -> list[str]:
-        if verb == ("submit",):
+        if verb in (("submit",), ("envs", "build")):
             return self.files
         if verb in (("ops", "detect"), ("ops", "verify")):
             return self.logs
