@@ -15,6 +15,8 @@ and exit code 2 with one ``except``::
     │                                    stack did not come up
     ├── AgentDemoError                   ops.demo.agents: `demo --agent` lacks the
     │                                    example or the framework's package
+    ├── RealDemoError                    ops.demo.six_source: `demo --real` could not
+    │                                    download or unpack its project
     ├── ChaosError                       ops.testing.chaos.campaign: the campaign could
     │                                    not run
     ├── ExpectError                      ops.testing.chaos.expect: a job's steps do not

@@ -132,6 +132,14 @@ def demo_spec(repo: Path, base: str, index: int, run_id: str) -> dict[str, Any]:
     help="Replay a buffered apply into a recycled slot with the fence off, then on, and compare.",
 )
 @click.option(
+    "--real",
+    is_flag=True,
+    help="Run three jobs on a real project (six's source, downloaded from the package "
+    "index) that share one built environment (a venv with pytest): one runs the tests, "
+    "one breaks byte2int (its tests fail, as expected), one breaks and fixes it. Shows "
+    "the build, then whether each job built or reused it. Needs the package index.",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=FiniteFloat(min=0),
@@ -140,7 +148,12 @@ def demo_spec(repo: Path, base: str, index: int, run_id: str) -> dict[str, Any]:
     help="Give up waiting after this many seconds.",
 )
 def demo(
-    n_jobs: int | None, planner_kind: str, framework: str | None, incident: bool, timeout_s: float
+    n_jobs: int | None,
+    planner_kind: str,
+    framework: str | None,
+    incident: bool,
+    real: bool,
+    timeout_s: float,
 ) -> None:
     """Run N scripted agent jobs end to end on a local stack and summarise them.
 
@@ -150,9 +163,20 @@ def demo(
     With --incident: a buffered apply replayed into a recycled slot, once with the envelope
     fence switched off (the write lands, the detector pages, the pool stops, restore
     repairs the victim) and once with it on (refused, nothing to page).
+
+    With --real: jobs on six's real source sharing one environment, built once
+    (docs/architecture.md §Environments); exit 1 unless each ends as its plan expects.
     """
     if framework is not None and (incident or planner_kind != "scripted"):
         raise click.UsageError("--agent takes neither --planner nor --incident")
+    if real:
+        if framework is not None or incident or planner_kind != "scripted" or n_jobs is not None:
+            raise click.UsageError("--real takes none of --agent, --incident, --planner, --jobs")
+        from ops.demo.real import run as run_real
+
+        if not run_real(timeout_s):
+            sys.exit(1)
+        return
     if incident:
         _incident()
         return

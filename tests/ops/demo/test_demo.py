@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 
-def run_demo(tmp_path: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_demo(
+    tmp_path: Path, redis_url: str, *args: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "SLOTRUNNER_HOME": str(tmp_path / "home"),
         "REDIS_URL": redis_url,
         "SLOTRUNNER_HOST_ID": f"demo-{tmp_path.name}",
+        **(extra_env or {}),
     }
     return subprocess.run(
         [sys.executable, "-m", "runner.cli.main", "demo", *args],
