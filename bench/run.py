@@ -27,6 +27,7 @@ from pathlib import Path
 from bench import (
     detector,
     e2e,
+    envs,
     gateway,
     mcp_call,
     memory,
@@ -49,6 +50,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "receipts": receipts.run,
     "detector": detector.run,
     "e2e": e2e.run,
+    "envs": envs.run,
     "sandbox": sandbox_start.run,
     "memory": memory.run,  # last: it reports what the others observed
 }
