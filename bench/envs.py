@@ -1,7 +1,7 @@
 """A job with a warm environment against the same job with a cold one (#14).
 
 The job runs a real project's own tests: ``six`` 1.17.0 (its sdist from the package
-index, committed into a local repository; ``tests/support/realproject.py``), one
+index, committed into a local repository; ``ops/demo/six_source.py``), one
 ``run_tests`` step of ``python -m pytest -q test_six.py`` in the job's environment,
 set up as ``python3 -m venv $ENV`` + ``$ENV/bin/pip install -q pytest``
 (docs/architecture.md §Environments). A real Celery worker (one process) and a real
@@ -43,13 +43,14 @@ from bench.stats import (
     paired,
     summarize,
 )
+from ops.demo.sample_repo import commit_files, init_repo
+from ops.demo.six_source import RealDemoError, download, extract
 from ops.testing.stack import Child, start_worker
 from runner.core import events
 from runner.core.poll import poll_until
 from runner.core.settings import Settings
 from runner.jobs.submit import submit, wait_for
 from runner.worker.celery_app import create_app
-from tests.support.realproject import RealProjectError, commit_change, download_six, six_repo
 from tools.sandbox import run as sandbox
 
 NAME = "envs.cold_vs_warm"
@@ -71,11 +72,12 @@ class Pool:
     def __init__(self, ctx: Context, stack: contextlib.ExitStack) -> None:
         work = ctx.dir("envs")
         try:
-            sdist = download_six(work / "sdist")
-        except RealProjectError as exc:
+            sdist = download(work / "sdist")
+            self.repo = work / "six"
+            extract(sdist, self.repo)
+        except RealDemoError as exc:
             raise BenchError(str(exc)) from None
-        self.repo = work / "six"
-        self.base = six_repo(sdist, self.repo)
+        self.base = init_repo(self.repo, {}, "six, as released")
         settings = settings_for(
             work / "home", ctx.redis_db(_DB), slots=1, sandbox="required", name="envs"
         )
@@ -97,7 +99,7 @@ class Pool:
         ``builds``: whether it must find its environment to build. Its time from the log."""
         self.made += 1
         job_id = f"envs-{arm}-{self.made}"
-        base = commit_change(self.repo, "BENCH.txt", f"{job_id}\n", job_id)
+        base = commit_files(self.repo, {"BENCH.txt": f"{job_id}\n"}, job_id)
         environment: dict[str, Any] = {"setup": SETUP}
         if not cold:
             environment["key_files"] = KEY_FILES

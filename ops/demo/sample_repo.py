@@ -26,3 +26,14 @@ def init_repo(path: Path, files: Mapping[str, str], message: str = "base") -> st
     for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", message]):
         run_git(*argv, cwd=path, env=_IDENTITY, check=True)
     return git_text("rev-parse", "HEAD", cwd=path)
+
+
+def commit_files(path: Path, files: Mapping[str, str], message: str = "change") -> str:
+    """Write ``files`` in the repository at ``path`` and commit them on top of HEAD."""
+    for name, content in files.items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+    run_git("add", "-A", cwd=path, env=_IDENTITY, check=True)
+    run_git("commit", "-q", "-m", message, cwd=path, env=_IDENTITY, check=True)
+    return git_text("rev-parse", "HEAD", cwd=path)

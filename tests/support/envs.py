@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ops.demo.sample_repo import commit_files
 from runner.core.settings import Settings
 from runner.envs.build import Plan, plan
 from runner.jobs.models import EnvironmentSpec
@@ -35,11 +36,4 @@ def plan_for(
 
 def commit_file(repo: Path, name: str, text: str) -> str:
     """Commit ``name`` with ``text`` on top of ``repo``'s HEAD; the new commit id."""
-    from runner.core.git import git_text
-
-    (repo / name).parent.mkdir(parents=True, exist_ok=True)
-    (repo / name).write_text(text)
-    git_text("add", name, cwd=repo)
-    ident = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    git_text(*ident, "commit", "-q", "-m", f"change {name}", cwd=repo)
-    return git_text("rev-parse", "HEAD", cwd=repo)
+    return commit_files(repo, {name: text}, f"change {name}")
