@@ -20,6 +20,11 @@
     slotrunner:job:{job_id}:result                str   JSON JobResult, committed once by
                                                           the current attempt (CAS in Lua)
     slotrunner:job:{job_id}:state                 str   queued|running|<terminal state>
+    slotrunner:job:{job_id}:phase                 str   what a running job does before
+                                                          its agent starts ("building
+                                                          environment <key>: step 1/2"),
+                                                          EX 24 h, deleted after
+                                                          (runner/worker/environment.py)
     slotrunner:job:{job_id}:spec                  str   JSON JobSpec as submitted
     slotrunner:job:{job_id}:cancel                str   set (NX, to the request time) when
                                                           a cancel was requested
