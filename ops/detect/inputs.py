@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import heapq
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import chain, count, islice, takewhile
@@ -24,12 +25,30 @@ BATCH_RECORDS = 4096  # records per batch when several inputs are merged record 
 
 
 def expand(paths: Sequence[str]) -> list[str]:
-    """Paths with globs expanded (sorted); ``-`` is stdin. A glob matching nothing is kept."""
+    """Paths with globs expanded (sorted); ``-`` is stdin. A glob matching nothing is kept.
+
+    A file named twice (``logs/*.jsonl logs/a.jsonl``, a symlink beside its target) is
+    read once: read twice, each of its applies would be a false ``duplicate_apply``."""
     out: list[str] = []
+    seen: set[object] = set()
     for path in paths:
         matches = sorted(glob.glob(path)) if glob.has_magic(path) and path != "-" else []
-        out.extend(matches or [path])
+        for found in matches or [path]:
+            if (same := _identity(found)) not in seen:
+                seen.add(same)
+                out.append(found)
     return out
+
+
+def _identity(path: str) -> object:
+    """The file behind ``path``: its inode when it can be stat'ed, else the path itself."""
+    if path == "-":
+        return path
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # missing, unreadable, a NUL: reported when opened
+        return os.path.abspath(path)
+    return (st.st_dev, st.st_ino)
 
 
 def instant(ts: str) -> float:

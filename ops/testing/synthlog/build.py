@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,11 +19,12 @@ def synth_log(
     per_host: bool = False,
     keep_meta: bool = False,
     garbage: bool = True,
+    hosts: Sequence[str] = ("h1", "h2"),
 ) -> LogSynth:
     """A log of ``total`` lines (one file per host when ``per_host``): incidents of every
     variant for every mutating tool ``rounds`` times, the first and last lines among
-    them, and (unless not ``garbage``) every kind of garbage line once per round."""
-    hosts = ("h1", "h2")
+    them, and (unless not ``garbage``) every kind of garbage line once per round. Every
+    host has the same slot ids, its generations counted from 1: they coincide."""
     paths = (
         {h: str(path.with_name(f"{path.stem}-{h}{path.suffix}")) for h in hosts}
         if per_host
