@@ -2,7 +2,9 @@
 
 ``worker_ready`` starts a :class:`runner.slots.janitor.JanitorThread` that reclaims slots
 whose attempt is superseded or silent (after settling their open intents from the
-tree); ``worker_shutdown`` stops it. Connected when the worker imports this module at
+tree), and a :class:`runner.slots.host_beat.HostBeatThread` that publishes the host's
+beat and heals its slots' views for ``slots list --pool``; ``worker_shutdown`` stops
+both. Connected when the worker imports this module at
 start: ``runner.worker.celery_app.create_app`` names it in Celery's ``include``.
 """
 
@@ -26,6 +28,7 @@ def start_janitor(sender: Any = None, **_: Any) -> None:
     """Start the periodic janitor in the worker's parent process."""
     from runner.core.logs import EventLog
     from runner.redis_server import connect
+    from runner.slots.host_beat import HostBeat, HostBeatThread
     from runner.slots.janitor import Janitor, JanitorThread
     from runner.slots.pool import SlotPool
 
@@ -41,6 +44,10 @@ def start_janitor(sender: Any = None, **_: Any) -> None:
     thread = JanitorThread(Janitor(settings, client, log, slots), config.janitor_interval_s)
     app.slotrunner_janitor = thread
     thread.start()
+    interval_s = config.janitor_interval_s
+    beat = HostBeatThread(HostBeat(settings, client, slots, log, interval_s=interval_s))
+    app.slotrunner_host_beat = beat
+    beat.start()
 
 
 @worker_shutdown.connect(weak=False, dispatch_uid="slotrunner.janitor.stop")  # type: ignore[untyped-decorator]
@@ -48,6 +55,7 @@ def stop_janitor(sender: Any = None, **_: Any) -> None:
     from celery import current_app
 
     app = getattr(sender, "app", None) or current_app
-    thread = getattr(app, "slotrunner_janitor", None)
-    if thread is not None:
-        thread.stop()
+    for name in ("slotrunner_janitor", "slotrunner_host_beat"):
+        thread = getattr(app, name, None)
+        if thread is not None:
+            thread.stop()

@@ -1,7 +1,13 @@
-"""``slotrunner slots list|lease|release``: the operator's view of the slot pool."""
+"""``slotrunner slots list|lease|release``: the operator's view of the slot pool.
+
+``slots list`` shows this host's stamps, read from its disk; ``slots list --pool``
+shows every host's slots as they published them to the shared Redis
+(``runner/slots/pool_view.py``, docs/architecture.md §Several hosts).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 import click
@@ -12,6 +18,7 @@ from runner.cli.common import FiniteFloat, emit_json
 from runner.core.settings import Settings
 from runner.core.stamp import Stamp, utc_now
 from runner.slots.pool import SlotPool
+from runner.slots.pool_view import HostView
 
 
 def _pool() -> tuple[Settings, SlotPool]:
@@ -35,7 +42,13 @@ def slots() -> None:
 
 
 @slots.command("list")
-@click.option("--json", "as_json", is_flag=True, help="One JSON list of stamps.")
+@click.option(
+    "--pool",
+    "whole_pool",
+    is_flag=True,
+    help="Every host's slots, from the shared Redis; hosts whose beat stopped are marked dead.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON list of stamps (--pool: of hosts).")
 @click.option("--watch", is_flag=True, help="Refresh the table until Ctrl-C.")
 @click.option(
     "--interval",
@@ -45,27 +58,74 @@ def slots() -> None:
     show_default=True,
     help="With --watch: seconds between refreshes.",
 )
-def list_slots(as_json: bool, watch: bool, interval_s: float) -> None:
-    """Every slot with its generation, holder, state, age and lease expiry."""
+def list_slots(whole_pool: bool, as_json: bool, watch: bool, interval_s: float) -> None:
+    """Every slot with its generation, holder, state, age and lease expiry.
+
+    With --pool: every host's slots (host, slot, generation, job, attempt, state, age)
+    as the hosts last published them, each host marked live, dead (its workers' beat
+    stopped) or without a heartbeat.
+    """
+    if whole_pool:
+        _list_pool(as_json, watch, interval_s)
+        return
     _, pool = _pool()
     pool.ensure_layout()
     if as_json:
         emit_json([s.model_dump() for s in pool.list()])
         return
+    _show(lambda: _table(pool.list()), watch, interval_s)
+
+
+def _list_pool(as_json: bool, watch: bool, interval_s: float) -> None:
+    from runner.redis_server import connect
+    from runner.slots.pool_view import read_pool
+
+    client = connect(Settings.from_env())
+    if as_json:
+        emit_json([host.model_dump() for host in read_pool(client, utc_now())])
+        return
+    _show(lambda: _pool_table(read_pool(client, utc_now())), watch, interval_s)
+
+
+def _show(render: Callable[[], Table], watch: bool, interval_s: float) -> None:
+    """Print the table once, or with ``watch`` refresh it every ``interval_s`` until Ctrl-C."""
     if not watch:
-        Console().print(_table(pool.list()))
+        Console().print(render())
         return
     import time
 
     from rich.live import Live
 
-    with Live(_table(pool.list()), refresh_per_second=4) as live:
+    with Live(render(), refresh_per_second=4) as live:
         try:
             while True:
                 time.sleep(interval_s)
-                live.update(_table(pool.list()))
+                live.update(render())
         except KeyboardInterrupt:
             pass
+
+
+def _pool_table(hosts: list[HostView]) -> Table:
+    now = utc_now()
+    caption = f"{now:%H:%M:%S} UTC" if hosts else "no host has published its slots to this Redis"
+    table = Table(
+        "host", "heartbeat", "slot", "generation", "job", "attempt", "state", "age", caption=caption
+    )
+    for host in hosts:
+        for s in host.slots:
+            table.add_row(
+                host.host,
+                host.heartbeat(),
+                s.slot_id,
+                "-" if s.generation is None else str(s.generation),
+                s.job_id or "-",
+                str(s.attempt) if s.attempt else "-",
+                s.state + (f" ({s.reason})" if s.reason else ""),
+                "-" if s.age_s is None else f"{s.age_s:.0f}s",
+            )
+        if not host.slots:
+            table.add_row(host.host, host.heartbeat(), *["-"] * 6)
+    return table
 
 
 def _table(stamps: list[Stamp]) -> Table:

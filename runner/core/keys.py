@@ -3,6 +3,26 @@
     slotrunner:slot:{host}:{slot_id}:generation   int   mirror of a slot's generation
                                                           (I5; the local stamp is the
                                                           high-water mark, this the copy)
+    slotrunner:slot:{host}:{slot_id}              hash  the slot's view for `slots list
+                                                          --pool`: generation, job_id,
+                                                          attempt, state, reason, since,
+                                                          lease_expires_at ("" = none);
+                                                          written after each change of the
+                                                          local stamp (which stays the
+                                                          truth) and healed by the host
+                                                          beat (runner/slots/pool_view.py)
+    slotrunner:host:{host}                        hash  the host's last beat: beat_at (ISO,
+                                                          the writer's clock: display only),
+                                                          slots, toolserver_url, interval_s,
+                                                          dead_after_s (runner/slots/host_beat.py)
+    slotrunner:host:{host}:alive                  str   "1", PX = dead_after_s (3 beats),
+                                                          renewed by every worker of the host;
+                                                          absent = the host is dead (Redis's
+                                                          clock decides, so no host's clock
+                                                          skew can make another look dead)
+    slotrunner:host:{host}:slots                  set   the slot ids with a view
+    slotrunner:hosts                              set   every host id that published a view
+                                                          or a beat
     slotrunner:job:{job_id}:attempt               int   attempt fence: max(it, local floor)
                                                           + 1 per start, in the same Lua
                                                           script that sets the heartbeat
@@ -57,6 +77,24 @@ def slot_generation(host: str, slot_id: str) -> str:
     return f"{PREFIX}:slot:{host}:{slot_id}:generation"
 
 
+def slot_view(host: str, slot_id: str) -> str:
+    """A slot's state as seen by ``slots list --pool`` (a mirror; the stamp is the truth)."""
+    return f"{PREFIX}:slot:{host}:{slot_id}"
+
+
+def host_beat(host: str) -> str:
+    return f"{PREFIX}:host:{host}"
+
+
+def host_alive(host: str) -> str:
+    """Present while the host beats; its TTL, not a clock comparison, says dead."""
+    return f"{PREFIX}:host:{host}:alive"
+
+
+def host_slots(host: str) -> str:
+    return f"{PREFIX}:host:{host}:slots"
+
+
 def job_attempt(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:attempt"
 
@@ -92,3 +130,4 @@ def gateway_credential(digest: str) -> str:
 
 JOBS = f"{PREFIX}:jobs"
 REJECTED = f"{PREFIX}:rejected"
+HOSTS = f"{PREFIX}:hosts"

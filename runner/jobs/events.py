@@ -50,3 +50,8 @@ ENVIRONMENT_BUILT: Final = "environment_built"
 ENVIRONMENT_REUSED: Final = "environment_reused"
 # ... could not be built or used (the job fails): job_id, attempt, key, error
 ENVIRONMENT_FAILED: Final = "environment_failed"
+# a slot's view for `slots list --pool` (runner/slots/pool_view.py) could not be written;
+# the stamp stands and the next host beat heals the view: slot_id, error
+SLOT_VIEW_ERROR: Final = "slot_view_error"
+# a host beat (runner/slots/host_beat.py) failed; the next one tries again: error
+HOST_BEAT_ERROR: Final = "host_beat_error"

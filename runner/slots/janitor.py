@@ -187,7 +187,10 @@ class Janitor:
         try:
             resolved = self._resolve_intents(path, stamp, reason)
         except ToolError as exc:
-            mark(path, SlotState.POISONED, f"janitor could not close a receipt: {exc.message}")
+            poisoned = mark(
+                path, SlotState.POISONED, f"janitor could not close a receipt: {exc.message}"
+            )
+            self.slots.publish_view(poisoned)
             self.log.emit(events.SLOT_POISONED, slot_id=slot_id, reason=exc.message)
             return Reclaimed(
                 slot_id, stamp.job_id, stamp.attempt, stamp.generation, None, reason, {}
@@ -198,6 +201,7 @@ class Janitor:
         # Local first, then the mirror: the same order as a lease (I5).
         write_stamp(path, idle)
         self.slots.publish_generation(slot_id, generation)
+        self.slots.publish_view(idle)
         self.log.emit(
             events.SLOT_RECLAIMED,
             slot_id=slot_id,

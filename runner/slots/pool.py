@@ -30,6 +30,7 @@ from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now, valid_slot_id, write_stamp
 from runner.errors import RunnerError
+from runner.slots import pool_view
 from tools import tokens
 
 # Raise the Redis mirror only when the new value is larger: a stale writer can never
@@ -127,9 +128,9 @@ class SlotPool:
             with slot_lock(path):
                 if read_stamp(path) is None:
                     generation = self._mirror(slot_id)
-                    write_stamp(
-                        path, Stamp(slot_id=slot_id, host=self.settings.host, generation=generation)
-                    )
+                    first = Stamp(slot_id=slot_id, host=self.settings.host, generation=generation)
+                    write_stamp(path, first)
+                    self.publish_view(first)
 
     def list(self) -> list[Stamp]:
         stamps = []
@@ -153,6 +154,12 @@ class SlotPool:
     def publish_generation(self, slot_id: str, generation: int) -> None:
         """Raise the Redis mirror after the local stamp is durable (never lowers it)."""
         self._raise_to(keys=[keys.slot_generation(self.settings.host, slot_id)], args=[generation])
+
+    def publish_view(self, stamp: Stamp) -> None:
+        """Copy the new stamp for ``slots list --pool``; the caller holds the slot lock.
+        Never raises: the stamp is the truth and a failed copy is healed by the host
+        beat (``runner/slots/pool_view.py``)."""
+        pool_view.publish(self.redis, self.settings.host, stamp, self.clock(), self.log)
 
     def lease(
         self,
@@ -234,6 +241,7 @@ class SlotPool:
                 # high-water mark and the next lease counts from it.
                 write_stamp(path, stamp)
                 self.publish_generation(slot_id, generation)
+                self.publish_view(stamp)
         except Timeout:
             return None  # someone holds the lock: the slot is busy
         self.log.emit(
@@ -283,6 +291,7 @@ class SlotPool:
             update={"lease_expires_at": iso(self.clock() + timedelta(seconds=ttl_s))}
         )
         write_stamp(path, stamp)
+        self.publish_view(stamp)
         return stamp
 
     # -- release --------------------------------------------------------------
@@ -326,6 +335,7 @@ class SlotPool:
                 }
             )
             write_stamp(path, stamp)
+            self.publish_view(stamp)
         self.log.emit(
             events.SLOT_RELEASED,
             slot_id=slot_id,
@@ -352,13 +362,16 @@ class SlotPool:
                 update={"state": SlotState.CANCEL_REQUESTED, "reason": reason}
             )
             write_stamp(path, stamp)
+            self.publish_view(stamp)
         return stamp
 
     def set_state(self, slot_id: str, state: SlotState, reason: str) -> Stamp:
         """Mark a slot (poisoned, outcome_unknown, cancel_requested) and say why."""
         path = self.slot_dir(slot_id)
         with slot_lock(path):
-            return mark(path, state, reason)
+            stamp = mark(path, state, reason)
+            self.publish_view(stamp)
+            return stamp
 
     @contextmanager
     def locked(self, slot_id: str) -> Iterator[Path]:
