@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -28,3 +30,21 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+def read_json_file(path: str) -> Any:
+    """The JSON in ``path`` (``-``: standard input), or a one-line :class:`CliError`."""
+    from runner.cli.errors import CliError
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path} is not UTF-8 text: {exc}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{path} is not JSON: {exc}") from None
+    except RecursionError:
+        raise CliError(f"{path} is not a job spec: its JSON nests too deeply") from None

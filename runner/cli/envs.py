@@ -13,16 +13,14 @@ holds, or one being built, is refused rather than pulled from under it.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from runner.cli.common import emit_json, err_console
+from runner.cli.common import emit_json, err_console, read_json_file
 from runner.cli.errors import CliError
 from runner.core.settings import Settings
 
@@ -236,18 +234,7 @@ def _read_spec(spec_file: str) -> JobSpec:
     """The one job spec in ``spec_file``, read and checked as ``slotrunner submit`` does."""
     from runner.jobs.submit import SpecError, parse_spec
 
-    try:
-        text = sys.stdin.read() if spec_file == "-" else Path(spec_file).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {spec_file}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{spec_file} is not UTF-8 text: {exc}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise CliError(f"{spec_file} is not JSON: {exc}") from None
-    except RecursionError:
-        raise CliError(f"{spec_file} is not a job spec: its JSON nests too deeply") from None
+    data = read_json_file(spec_file)
     if isinstance(data, list):
         if len(data) != 1:
             raise CliError(f"{spec_file} holds {len(data)} job specs; envs build takes one")

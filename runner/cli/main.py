@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import click
 
-from runner.cli.common import FiniteFloat, emit_json, err_console
+from runner.cli.common import FiniteFloat, emit_json, err_console, read_json_file
 from runner.cli.errors import EXIT_PENDING, CliError
 from runner.cli.root import RootGroup
 from runner.core.settings import Settings
@@ -57,18 +55,7 @@ def submit(spec_file: str, wait: bool, timeout_s: float, as_json: bool) -> None:
     from runner.redis_server import connect
     from runner.worker.celery_app import create_app
 
-    try:
-        text = sys.stdin.read() if spec_file == "-" else Path(spec_file).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {spec_file}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{spec_file} is not UTF-8 text: {exc}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise CliError(f"{spec_file} is not JSON: {exc}") from None
-    except RecursionError:
-        raise CliError(f"{spec_file} is not a job spec: its JSON nests too deeply") from None
+    data = read_json_file(spec_file)
     items = data if isinstance(data, list) else [data]
     if not items:
         raise CliError(f"{spec_file} holds no job spec")

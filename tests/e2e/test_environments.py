@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from ops.demo.real_jobs import ENVIRONMENT, TEST_COMMAND
 from runner.core import keys
 from runner.core.settings import Settings
 from runner.jobs import events as job_events
@@ -32,10 +33,9 @@ from tests.support.stack import Stack, stack
 
 pytestmark = pytest.mark.timeout(300)
 
-SETUP = [["python3", "-m", "venv", "$ENV"], ["$ENV/bin/pip", "install", "-q", "pytest"]]
+SETUP = ENVIRONMENT["setup"]  # the demo's: a venv with pytest
 MISSING = "slotrunner-no-such-package-0000"
 BAD_SETUP = [["python3", "-m", "venv", "$ENV"], ["$ENV/bin/pip", "install", "-q", MISSING]]
-TEST_COMMAND = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_six.py"]
 RUN_TESTS = [{"tool": "run_tests", "args": {}}]
 # six 1.17.0's byte2int, wrong on Python 3: test_byte2int fails (and only it). (Not
 # ensure_str: test_six.py's EnsureTests is no TestCase and pytest does not collect it.)

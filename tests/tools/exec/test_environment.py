@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,22 +15,11 @@ from runner.envs.build import Ready, ensure
 from runner.envs.store import EnvStore
 from tests.support.envs import plan_for
 from tests.support.execslots import Slots, envelope, run
-from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools.builtin import write_job
 
 HELLO = "mkdir -p $ENV/bin && printf '#!/bin/sh\\necho from-env $VIRTUAL_ENV\\n' > $ENV/bin/hello"
 SETUP = [["bash", "-c", f"{HELLO} && chmod +x $ENV/bin/hello"]]
-
-
-@pytest.fixture
-def slots(toolserver: ToolServer, tmp_path: Path) -> Iterator[Slots]:
-    repo = tmp_path / "repo"
-    found = Slots(toolserver.settings, repo, make_repo(repo))
-    try:
-        yield found
-    finally:
-        found.close()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +23,6 @@ from tools.envelope import Envelope
 from tools.server.service import ToolService
 
 RESULT_FIELDS = {"exit_code", "output", "truncated", "timed_out", "duration_ms", "sandbox"}
-
-
-@pytest.fixture
-def slots(toolserver: ToolServer, tmp_path: Path) -> Iterator[Slots]:
-    repo = tmp_path / "repo"
-    found = Slots(toolserver.settings, repo, make_repo(repo))
-    try:
-        yield found
-    finally:
-        found.close()
 
 
 def receipt_lines(slot_dir: Path, key: str) -> list[dict[str, Any]]:

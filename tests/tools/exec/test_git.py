@@ -4,27 +4,12 @@ snapshot refs or the slot's next job (docs/architecture.md §Agent git)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from runner.core.git import git_text
 from runner.core.stamp import Stamp
 from tests.support.execslots import Slots, run
-from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
-
-
-@pytest.fixture
-def slots(toolserver: ToolServer, tmp_path: Path) -> Iterator[Slots]:
-    repo = tmp_path / "repo"
-    found = Slots(toolserver.settings, repo, make_repo(repo))
-    try:
-        yield found
-    finally:
-        found.close()
 
 
 def shell(server: ToolServer, stamp: Stamp, key: str, command: str) -> dict[str, Any]:
