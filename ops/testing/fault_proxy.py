@@ -127,9 +127,12 @@ class FaultProxy:
     record: bool = False
     recorded: list[tuple[Call, int]] = field(default_factory=list)
     on_fire: Callable[[Rule, Call], None] | None = None
+    # Proxies that share Rule objects (one per host of a chaos campaign) share this
+    # lock too, so a rule's ``times`` bounds its firings over all of them.
+    lock: threading.Lock | None = None
 
     def __post_init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = self.lock or threading.Lock()
         self._client = httpx.Client(base_url=self.upstream, timeout=120.0)
         self._server: ThreadingHTTPServer | None = None
 

@@ -118,12 +118,47 @@ def test_cli_prints_the_report_and_exits_by_its_verdict(tmp_path: Path) -> None:
     assert (tmp_path / "home" / "chaos" / "9" / REPORT_JSON).is_file()
 
 
+@pytest.mark.timeout(300)
+def test_two_hosts_one_killed_whole_and_restarted_one_frozen_whole(tmp_path: Path) -> None:
+    """`chaos --hosts 2`: a host SIGKILLed whole mid-call comes back on its home and
+    settles the leases its dead left open before leasing again; a host SIGSTOPped
+    whole has its job taken over by the other host; the killed attempt's job starts a
+    newer attempt; every check passes over both hosts' logs, slots and processes."""
+    kinds = "host_kill,host_freeze,host_restart"
+    done = chaos_cli(
+        tmp_path, "--seed", "1", "--jobs", "6", "--hosts", "2", "--faults", kinds, "--json"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and sum(report["states"].values()) == 6
+    assert report["faults_by_kind"] == {"host_kill": 1, "host_freeze": 1, "host_restart": 1}
+    assert [h["host"] for h in report["hosts"]] == ["h1", "h2"]
+    assert all(h["state"] == "up" and h["attempts_started"] for h in report["hosts"])
+    checks = {c["name"]: c for c in report["checks"]}
+    assert {"ops_verify@h1", "ops_verify@h2", "ops_detect@h1", "ops_detect@h2"} <= set(checks)
+    assert checks["restarts_settle_first"]["data"]["settled"] >= 1, checks
+    assert checks["frozen_attempts_never_commit"]["data"]["taken_over"] == 1, checks
+    kill = next(f for f in report["fired"] if f["kind"] == "host_kill")
+    hosts = tmp_path / "home" / "chaos" / "1" / "home" / "hosts"
+    started = [
+        json.loads(line)
+        for log in hosts.glob("h*/logs/slotrunner.jsonl")
+        for line in log.read_text().splitlines()
+        if '"job_started"' in line
+    ]
+    moved = [e for e in started if e["job_id"] == kill["job_id"] and e["attempt"] > kill["attempt"]]
+    assert moved, (kill, started)
+
+
 def test_cli_names_an_unknown_fault_kind(tmp_path: Path) -> None:
     """A fault kind that does not exist is a usage error naming it, and nothing runs."""
     done = chaos_cli(tmp_path, "--seed", "1", "--faults", "kill_before_send,nope")
     assert done.returncode == 2
     assert "nope" in done.stderr and "kill_before_send" in done.stderr
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "home" / "chaos").exists()
+    one_host = chaos_cli(tmp_path, "--seed", "1", "--faults", "host_kill")
+    assert one_host.returncode == 2 and "--hosts 2" in one_host.stderr, one_host.stderr
     assert not (tmp_path / "home" / "chaos").exists()
 
 

@@ -8,6 +8,10 @@ bounded) -> the stack is stopped -> the checks (``ops.testing.chaos.checks``) ->
 (``ops.testing.chaos.report``). The run passes only when every check does; what the faults
 did is in the report either way, and the scratch home (with its log) is kept beside
 it for the post-mortem.
+
+``hosts > 1`` runs the same on N hosts sharing the one Redis (``ops.testing.chaos.stack``),
+with the whole-host faults among the kinds; the checks then run over every host
+(``ops.testing.chaos.hostchecks``) and the report has a row per host.
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from ops.errors import OpsError
-from ops.testing.chaos import checks
+from ops.testing.chaos import checks, hostchecks
 from ops.testing.chaos import plan as cp
 from ops.testing.chaos.expect import ExpectError, expected_tree
 from ops.testing.chaos.faults import Injector
 from ops.testing.chaos.report import ChaosReport, write_report
-from ops.testing.chaos.stack import VISIBILITY_S, ChaosStack, LogTail, wait_until
+from ops.testing.chaos.stack import DEAD, VISIBILITY_S, ChaosHost, ChaosStack, wait_until
 from ops.testing.stack import StackError
 from runner.core.git import git_text, run_git
 from runner.core.poll import PollTimeout, poll_until
@@ -52,9 +56,10 @@ class ChaosConfig:
     seed: int
     jobs: int
     report_dir: Path
-    workers: int = 2
-    slots: int = 4
+    workers: int = 2  # per host
+    slots: int = 4  # per host
     kinds: tuple[str, ...] = cp.KINDS
+    hosts: int = 1
     timeout_s: float | None = None  # for all results; default 120 s + 20 s a job
     # Test only: False starts the tool server with the envelope check off (the control
     # run that shows the checks catch a replayed old envelope that lands).
@@ -65,7 +70,9 @@ class ChaosConfig:
 
 
 def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
-    plan = cp.make_plan(config.seed, config.jobs, config.kinds, visibility_s=VISIBILITY_S)
+    plan = cp.make_plan(
+        config.seed, config.jobs, config.kinds, visibility_s=VISIBILITY_S, hosts=config.hosts
+    )
     home = _fresh_home(config.report_dir)
     repo = config.report_dir / "repo"
     base = _make_repo(repo)
@@ -78,6 +85,7 @@ def run_campaign(config: ChaosConfig, say: Say = lambda _: None) -> ChaosReport:
             workers=config.workers,
             fence=config.fence,
             attempt_floor=config.attempt_floor,
+            hosts=config.hosts,
         )
     except Exception as exc:
         raise ChaosError(f"the embedded Redis did not start: {exc}") from exc
@@ -189,19 +197,25 @@ def _await(
 
 
 def _settle_slots(stack: ChaosStack) -> None:
-    """Sweep until every slot is idle or poisoned (dead attempts' slots reclaimed)."""
+    """Sweep until every slot is idle or poisoned (dead attempts' slots reclaimed), on
+    every host but one dead for good: nothing of it runs to sweep its slots."""
     from runner.core.logs import EventLog
     from runner.slots.janitor import Janitor
     from runner.slots.pool import SlotPool
 
-    settings = stack.settings
-    log = EventLog(settings)
-    pool = SlotPool(settings, stack.redis, log)
-    janitor = Janitor(settings, stack.redis, log, pool)
+    janitors = []
+    for host in stack.hosts:
+        if host.state == DEAD:
+            continue
+        settings = host.settings
+        log = EventLog(settings)
+        pool = SlotPool(settings, stack.redis, log)
+        janitors.append((settings, Janitor(settings, stack.redis, log, pool)))
 
     def settled() -> bool:
-        janitor.sweep(lock_timeout_s=1.0)
-        return checks.slots_settled(settings).ok
+        for _, janitor in janitors:
+            janitor.sweep(lock_timeout_s=1.0)
+        return all(checks.slots_settled(settings).ok for settings, _ in janitors)
 
     wait_until(settled, SETTLE_S, poll_s=0.5)
 
@@ -217,10 +231,11 @@ def _report(
     base: str,
     duration_s: float,
 ) -> ChaosReport:
-    events = LogTail(stack.settings.log_path).poll()
+    events = stack.events()
     env = {**stack.env, "SLOTRUNNER_HOME": str(stack.home)}
-    verify = checks.ops_tool("verify", stack.settings.log_path, env)
-    detect = checks.ops_tool("detect", stack.settings.log_path, env)
+    logs = [h.settings.log_path for h in stack.hosts]
+    verify = checks.ops_tool("verify", logs, env)
+    detect = checks.ops_tool("detect", logs, env)
     expected, notes = {}, []
     for job in plan.jobs:
         result = results.get(job.job_id)
@@ -238,11 +253,16 @@ def _report(
         "recovery after a Redis wipe is tested in tests/runner/admission/test_recovery.py"
     )
     notes += [f"worker restarted after it exited: {why}" for why in stack.worker_restarts]
+    if len(stack.hosts) > 1:
+        host_checks = _host_checks(stack, injector, results, events, verify, detect, env)
+        per_host = [_host_row(h, injector) for h in stack.hosts]
+    else:
+        host_checks, per_host = _one_host_checks(stack, injector, events), []
     return ChaosReport(
         seed=config.seed,
         jobs=len(plan.jobs),
         workers=config.workers,
-        kinds=[k for k in cp.KINDS if k in config.kinds],
+        kinds=[k for k in cp.ALL_KINDS if k in config.kinds],
         planned=[{**f.__dict__, "job_id": plan.jobs[f.job].job_id} for f in plan.faults],
         fired=[f.to_json() for f in injector.fired],
         states=dict(Counter(r.state for r in results.values())),
@@ -252,19 +272,17 @@ def _report(
             checks.terminal_states([j.job_id for j in plan.jobs], results),
             checks.one_commit(events),
             checks.attempts_never_repeat(events),
-            checks.slots_settled(stack.settings),
-            checks.worktrees(stack.settings),
-            checks.poisoned_stay_out(stack.settings, events, injector.fsync_slots),
-            checks.generations_grow(events, stack.settings),
+            *host_checks[:4],
             checks.final_trees(results, expected),
             checks.replays_refused(injector.replays),
             checks.supervisor(len(stack.restarts), stack.restart_errors),
             checks.leaks(found),
             checks.exec_orphans(
-                stack.settings,
+                [h.settings for h in stack.hosts],
                 [plan.jobs[f.job].job_id for f in plan.faults if f.kind == cp.EXEC_ORPHAN],
                 sum(1 for f in injector.fired if f.kind == cp.EXEC_ORPHAN and not f.skipped),
             ),
+            *host_checks[4:],
         ],
         duplicate_applies=duplicates,
         duration_s=duration_s,
@@ -272,7 +290,87 @@ def _report(
         toolserver_restarts=len(stack.restarts),
         worker_restarts=list(stack.worker_restarts),
         notes=notes,
+        hosts=per_host,
     )
+
+
+def _one_host_checks(
+    stack: ChaosStack, injector: Injector, events: list[dict[str, Any]]
+) -> list[checks.Check]:
+    """The slot checks on one host, in the report's order."""
+    settings = stack.settings
+    slots = {slot for _, slot in injector.fsync_slots}
+    return [
+        checks.slots_settled(settings),
+        checks.worktrees(settings),
+        checks.poisoned_stay_out(settings, events, slots),
+        checks.generations_grow(events, settings),
+    ]
+
+
+def _host_checks(
+    stack: ChaosStack,
+    injector: Injector,
+    results: Mapping[str, JobResult],
+    events: list[dict[str, Any]],
+    verify: checks.Check,
+    detect: checks.Check,
+    env: Mapping[str, str],
+) -> list[checks.Check]:
+    """The slot checks host by host, joined; then each log alone through ``ops verify``
+    and ``ops detect``, their agreement with all logs at once, and the host faults'."""
+    per: dict[str, dict[str, checks.Check]] = {}
+    for host in stack.hosts:
+        own = host.log.poll()
+        slots = {slot for name, slot in injector.fsync_slots if name == host.name}
+        settled = (
+            hostchecks.dead_host_slots(host.settings, results)
+            if host.state == DEAD
+            else checks.slots_settled(host.settings)
+        )
+        found = [
+            settled,
+            checks.worktrees(host.settings),
+            checks.poisoned_stay_out(host.settings, own, slots),
+            checks.generations_grow(own, host.settings),
+        ]
+        for check in found:
+            per.setdefault(check.name, {})[host.name] = check
+    alone = {
+        which: [
+            checks.ops_tool(which, h.settings.log_path, env, f"ops_{which}@{h.name}")
+            for h in stack.hosts
+        ]
+        for which in ("verify", "detect")
+    }
+    return [
+        *(hostchecks.joined(name, by_host) for name, by_host in per.items()),
+        *alone["verify"],
+        *alone["detect"],
+        hostchecks.logs_agree(verify, alone["verify"]),
+        hostchecks.logs_agree(detect, alone["detect"]),
+        hostchecks.restarts_settle_first(stack.hosts),
+        hostchecks.frozen_never_commit(events, injector.host_faults.freezes),
+    ]
+
+
+def _host_row(host: ChaosHost, injector: Injector) -> dict[str, Any]:
+    """What one host did, for the report's table of hosts."""
+    log = host.log.poll()
+    hit = Counter(f.kind for f in injector.fired if f.host == host.name and not f.skipped)
+    return {
+        "host": host.name,
+        "home": str(host.home),
+        "state": host.state,
+        "attempts_started": sum(1 for e in log if e.get("event") == "job_started"),
+        "results_committed": sum(
+            1 for e in log if e.get("event") == "job_finished" and e.get("committed")
+        ),
+        "leases": sum(1 for e in log if e.get("event") == "slot_leased"),
+        "faults": dict(hit),
+        "toolserver_restarts": len(host.restarts),
+        "worker_restarts": len(host.worker_restarts),
+    }
 
 
 def _spec(job: cp.JobPlan, repo: Path, base: str, seed: int) -> dict[str, Any]:

@@ -4,6 +4,8 @@ Every check is a function over what the run left behind (results, the host's JSO
 log, the slot stamps, /proc) returning a :class:`Check`: pass or fail, a one-line
 detail, and the evidence. The log-wide invariants are judged by the operator's own
 tools, ``slotrunner ops verify`` and ``slotrunner ops detect``, run as commands.
+On several hosts the checks of one host run for each and are joined
+(``ops.testing.chaos.hostchecks``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -40,9 +42,12 @@ class Check:
         return {"name": self.name, "ok": self.ok, "detail": self.detail, "data": self.data}
 
 
-def ops_tool(which: str, log: Path, env: Mapping[str, str]) -> Check:
-    """``slotrunner ops verify|detect --json LOG``: zero violations, exit 0."""
-    argv = [sys.executable, "-m", "runner.cli.main", "ops", which, "--json", str(log)]
+def ops_tool(
+    which: str, log: Path | Sequence[Path], env: Mapping[str, str], name: str | None = None
+) -> Check:
+    """``slotrunner ops verify|detect --json LOG...``: zero violations, exit 0."""
+    logs = [log] if isinstance(log, Path) else list(log)
+    argv = [sys.executable, "-m", "runner.cli.main", "ops", which, "--json", *map(str, logs)]
     proc = subprocess.run(
         argv, env=dict(env), capture_output=True, text=True, timeout=600, check=False
     )
@@ -53,7 +58,7 @@ def ops_tool(which: str, log: Path, env: Mapping[str, str]) -> Check:
         except ValueError:
             continue
     summary = next((i for i in items if i.get("kind") == "summary"), None)
-    name = f"ops_{which}"
+    name = name or f"ops_{which}"
     if summary is None:
         tail = (proc.stderr or proc.stdout).strip()[-400:]
         return Check(name, False, f"exit {proc.returncode} without a summary: {tail}")
@@ -254,14 +259,19 @@ def leaks(found: list[str]) -> Check:
     return Check("no_leaked_processes", not found, f"left running: {found or 'none'}")
 
 
-def exec_orphans(settings: Settings, job_ids: Iterable[str], ran: int) -> Check:
+def exec_orphans(
+    settings: Settings | Sequence[Settings], job_ids: Iterable[str], ran: int
+) -> Check:
     """What the planted execs (``exec_orphan``) started was dead before their replies:
-    no file an orphan would have written is in any slot's tree, and none runs now."""
+    no file an orphan would have written is in any slot's tree (of any host given),
+    and none runs now."""
     marks = [f"{ORPHAN_MARK}{job_id}".encode() for job_id in job_ids]
+    hosts = [settings] if isinstance(settings, Settings) else list(settings)
     landed = sorted(
         str(path)
-        for n in range(settings.slots)
-        for path in (settings.slots_dir / f"S{n}" / "work").rglob(f"{ORPHAN_MARK}*")
+        for host in hosts
+        for n in range(host.slots)
+        for path in (host.slots_dir / f"S{n}" / "work").rglob(f"{ORPHAN_MARK}*")
     )
     alive = []
     for entry in os.listdir("/proc"):

@@ -14,35 +14,47 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from ops.testing.chaos.plan import KINDS
+from ops.testing.chaos.plan import ALL_KINDS, HOST_KINDS, KINDS, check_kinds
 from runner.cli.common import FiniteFloat
 from runner.core.settings import Settings
 
 
-def _kinds(value: str | None) -> tuple[str, ...]:
+def _kinds(value: str | None, hosts: int) -> tuple[str, ...]:
     if not value:
-        return KINDS
+        return KINDS if hosts == 1 else ALL_KINDS
     kinds = tuple(k.strip() for k in value.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise click.BadParameter(
-            f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}"
-        )
+    try:
+        check_kinds(kinds, hosts)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--faults") from None
     return kinds
 
 
 @click.command()
 @click.option("--seed", type=int, required=True, help="Seed of the plan: jobs, faults, places.")
 @click.option("--jobs", "n_jobs", type=click.IntRange(1, 500), default=30, show_default=True)
-@click.option("--workers", type=click.IntRange(1, 8), default=2, show_default=True)
 @click.option(
-    "--slots", type=click.IntRange(2, 32), default=4, show_default=True, help="Slots on the host."
+    "--hosts",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    help="Hosts sharing the one Redis, each with its own home, slots, tool server and "
+    f"workers; 2 or more add {', '.join(HOST_KINDS)} to the fault kinds.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 8),
+    help="Celery workers per host [2 on one host, 1 on each of several].",
+)
+@click.option(
+    "--slots", type=click.IntRange(2, 32), default=4, show_default=True, help="Slots on each host."
 )
 @click.option(
     "--faults",
     "faults",
     metavar="KIND,...",
-    help=f"Only these fault kinds (default: all of {', '.join(KINDS)}).",
+    help=f"Only these fault kinds (default: all of {', '.join(KINDS)}; "
+    f"with --hosts 2 or more, {', '.join(HOST_KINDS)} too).",
 )
 @click.option(
     "--report-dir",
@@ -60,7 +72,8 @@ def _kinds(value: str | None) -> tuple[str, ...]:
 def chaos(
     seed: int,
     n_jobs: int,
-    workers: int,
+    hosts: int,
+    workers: int | None,
     slots: int,
     faults: str | None,
     report_dir: Path | None,
@@ -76,11 +89,16 @@ def chaos(
     replayed, jobs are cancelled in storms and a receipt fsync fails. Then: ops
     verify and ops detect over the log, terminal states, slots, leaks, generations
     and every succeeded job's final tree.
+
+    With --hosts N the jobs run on N hosts that share one Redis: whole hosts are
+    SIGKILLed mid-call (and restarted on their home, or not), and SIGSTOPped past the
+    heartbeat until another host took the job over; one host stays up throughout.
+    The checks then run over every host's log, slots and processes.
     """
     from ops.testing.chaos.campaign import ChaosConfig, run_campaign
     from ops.testing.chaos.report import render
 
-    kinds = _kinds(faults)
+    kinds = _kinds(faults, hosts)
     directory = report_dir or Settings.from_env().home / "chaos" / str(seed)
     console = Console(highlight=False, stderr=as_json)
     say = (lambda _: None) if quiet or as_json else (lambda line: console.print(line))
@@ -88,9 +106,10 @@ def chaos(
         seed=seed,
         jobs=n_jobs,
         report_dir=directory.absolute(),
-        workers=workers,
+        workers=workers or (2 if hosts == 1 else 1),
         slots=slots,
         kinds=kinds,
+        hosts=hosts,
         timeout_s=timeout_s,
     )
     # SIGTERM unwinds like Ctrl-C, so the campaign stops the stack it started (its

@@ -17,6 +17,11 @@ of the tree) and git_status. Each read-only tool appears at most once in a job, 
 ``setsid``, ``nohup``) and to write into the tree a few seconds later, when the slot
 already serves the next job. It is drawn from a random stream of its own, after the
 other faults, so adding it changed no plan of the kinds that came before it.
+
+With several hosts (``hosts >= 2``) the whole-host faults come last, from a stream of
+their own too (``ops.testing.chaos.hostplan``), so a seed plans on N hosts the very
+faults it plans on one, plus those. They are not in :data:`KINDS` (what one host
+runs by default) but in :data:`HOST_KINDS`.
 """
 
 from __future__ import annotations
@@ -25,41 +30,82 @@ import difflib
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-# Fault kinds, the most important first.
-KILL_BEFORE_SEND = "kill_before_send"
-KILL_BEFORE_REPLY = "kill_before_reply"
-KILL_AFTER_REPLY = "kill_after_reply"
-SERVER_CRASH = "server_crash"
-HTTP_429 = "http_429"
-STORM_429 = "storm_429"
-LOSE_RESPONSE = "lose_response"
-SLOW_REDELIVERY = "slow_redelivery"
-PAUSE = "pause"
-REPLAY_STALE = "replay_stale"
-CANCEL_STORM = "cancel_storm"
-FSYNC_EIO = "fsync_eio"
-REDIS_WIPE = "redis_wipe"
-EXEC_ORPHAN = "exec_orphan"
-KINDS: tuple[str, ...] = (
-    KILL_BEFORE_SEND,
-    KILL_BEFORE_REPLY,
-    KILL_AFTER_REPLY,
-    SERVER_CRASH,
-    HTTP_429,
-    STORM_429,
-    LOSE_RESPONSE,
-    SLOW_REDELIVERY,
-    PAUSE,
-    REPLAY_STALE,
+from ops.testing.chaos.hostplan import plan_host_faults
+from ops.testing.chaos.kinds import (
+    ALL_KINDS,
     CANCEL_STORM,
-    FSYNC_EIO,
-    REDIS_WIPE,
+    CHECK,
+    EFFECT_TOOLS,
+    EXCLUSIVE,
     EXEC_ORPHAN,
+    FSYNC_EIO,
+    HOST_FREEZE,
+    HOST_KILL,
+    HOST_KINDS,
+    HOST_RESTART,
+    HTTP_429,
+    KILL_AFTER_REPLY,
+    KILL_BEFORE_REPLY,
+    KILL_BEFORE_SEND,
+    KILLS,
+    KINDS,
+    LOSE_RESPONSE,
+    PAUSE,
+    PER_JOB,
+    READ_TOOLS,
+    REDIS_WIPE,
+    REPLAY_STALE,
+    SERVER_CRASH,
+    SLOW_REDELIVERY,
+    STORM_429,
+    FaultPlan,
+    JobPlan,
+    Plan,
 )
-KILLS = (KILL_BEFORE_SEND, KILL_BEFORE_REPLY, KILL_AFTER_REPLY)
+
+# The vocabulary is kinds.py's; plan.py is where callers find it.
+__all__ = [
+    "ALL_KINDS",
+    "BASE_FILES",
+    "CANCEL_STORM",
+    "CHECK",
+    "EFFECT_TOOLS",
+    "EXCLUSIVE",
+    "EXEC_ORPHAN",
+    "FSYNC_EIO",
+    "HOST_FREEZE",
+    "HOST_KILL",
+    "HOST_KINDS",
+    "HOST_RESTART",
+    "HTTP_429",
+    "KILLS",
+    "KILL_AFTER_REPLY",
+    "KILL_BEFORE_REPLY",
+    "KILL_BEFORE_SEND",
+    "KINDS",
+    "LOSE_RESPONSE",
+    "ORPHAN_DELAY_S",
+    "ORPHAN_MARK",
+    "PAUSE",
+    "PER_JOB",
+    "READ_TOOLS",
+    "REDIS_WIPE",
+    "REPLAY_STALE",
+    "SERVER_CRASH",
+    "SLOW_REDELIVERY",
+    "STORM_429",
+    "VALUES",
+    "FaultPlan",
+    "JobPlan",
+    "Plan",
+    "check_kinds",
+    "make_plan",
+    "orphan_command",
+    "unified_diff",
+]
+
 # At most this many of a kind per seed: each one costs a slot, a restart or a pause.
 _CAP = {
     FSYNC_EIO: 1,
@@ -69,15 +115,9 @@ _CAP = {
     STORM_429: 2,
     REDIS_WIPE: 1,
 }
-# These end the job's attempt for good (it fails or is cancelled): a job that has one
-# has no other fault, which its later steps would never meet.
-_EXCLUSIVE = frozenset({FSYNC_EIO, CANCEL_STORM})
-# Faults per job at most, and the share of jobs hit beyond one fault of every kind.
-_PER_JOB = 2
+# The share of jobs hit beyond one fault of every kind.
 _RATE = 0.6
 
-EFFECT_TOOLS = frozenset({"write_file", "apply_patch", "mv", "rm", "git_commit"})
-READ_TOOLS = frozenset({"read_file", "git_status"})
 # What an orphan writes, and what names its processes: checks.exec_orphans looks for it.
 ORPHAN_MARK = "chaos-orphan-"
 ORPHAN_DELAY_S = 3  # the write is due once the slot serves the next job
@@ -90,52 +130,17 @@ BASE_FILES: dict[str, str] = {
     **{f"scratch/s{n}.txt": f"scratch {n}\n" for n in range(3)},
     "src/app.py": "def answer():\n    return 42\n",
 }
-# The test command's check: every line of data/values.txt is an integer.
-CHECK = (
-    "import pathlib, sys\n"
-    "values = pathlib.Path('data/values.txt').read_text().split()\n"
-    "sys.exit(0 if values and all(v.lstrip('-').isdigit() for v in values) else 1)\n"
-)
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    index: int
-    job_id: str
-    steps: tuple[dict[str, Any], ...]  # {"tool", "args"}
-    test_sleep_s: float = 0.0  # > 0: run_tests outlives the visibility timeout
-
-    def test_command(self, python: str) -> list[str]:
-        sleep = f"import time; time.sleep({self.test_sleep_s:g})\n" if self.test_sleep_s else ""
-        return [python, "-I", "-B", "-c", sleep + CHECK]
-
-    def tool(self, step: int) -> str:
-        return str(self.steps[step]["tool"]) if step >= 0 else ""
-
-
-@dataclass(frozen=True)
-class FaultPlan:
-    fault_id: int
-    kind: str
-    job: int  # index into Plan.jobs
-    step: int  # -1: before the job starts
-    tool: str
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Plan:
-    seed: int
-    jobs: tuple[JobPlan, ...]
-    faults: tuple[FaultPlan, ...]
 
 
 def make_plan(
-    seed: int, n_jobs: int, kinds: Sequence[str] = KINDS, *, visibility_s: float = 3.0
+    seed: int,
+    n_jobs: int,
+    kinds: Sequence[str] = KINDS,
+    *,
+    visibility_s: float = 3.0,
+    hosts: int = 1,
 ) -> Plan:
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown:
-        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
+    check_kinds(kinds, hosts)
     if n_jobs < 1:
         raise ValueError("a campaign needs at least one job")
     rng = random.Random(seed)
@@ -143,12 +148,27 @@ def make_plan(
     faults = _faults(rng, jobs, [k for k in KINDS if k in kinds and k != EXEC_ORPHAN])
     if EXEC_ORPHAN in kinds:
         faults += _plant_orphans(random.Random(f"{seed}:{EXEC_ORPHAN}"), jobs, faults)
+    if hosts > 1:
+        faults += plan_host_faults(random.Random(f"{seed}:hosts"), jobs, faults, kinds, hosts)
     slow = {f.job for f in faults if f.kind == SLOW_REDELIVERY}
     jobs = [
         JobPlan(j.index, j.job_id, j.steps, visibility_s + 8.0) if j.index in slow else j
         for j in jobs
     ]
     return Plan(seed, tuple(jobs), tuple(faults))
+
+
+def check_kinds(kinds: Sequence[str], hosts: int) -> None:
+    """Refuse a kind that does not exist, a host fault on one host, a restart alone."""
+    unknown = sorted(set(kinds) - set(ALL_KINDS))
+    if unknown:
+        known = ", ".join(ALL_KINDS)
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; known: {known}")
+    on_hosts = [k for k in HOST_KINDS if k in kinds]
+    if on_hosts and hosts < 2:
+        raise ValueError(f"{', '.join(on_hosts)} need(s) two hosts or more (--hosts 2)")
+    if HOST_RESTART in kinds and HOST_KILL not in kinds:
+        raise ValueError(f"{HOST_RESTART} starts a host {HOST_KILL} killed: name {HOST_KILL} too")
 
 
 # -- jobs -------------------------------------------------------------------------
@@ -205,8 +225,8 @@ def _plant_orphans(
     """An exec step at the end of jobs that have room for one more fault and that no
     exclusive fault ends first, the earlier ones preferred (more jobs come after)."""
     per_job = Counter(f.job for f in placed)
-    taken = {f.job for f in placed if f.kind in _EXCLUSIVE or f.kind == SLOW_REDELIVERY}
-    taken |= {job for job, n in per_job.items() if n >= _PER_JOB}
+    taken = {f.job for f in placed if f.kind in EXCLUSIVE or f.kind == SLOW_REDELIVERY}
+    taken |= {job for job, n in per_job.items() if n >= PER_JOB}
     free = [j.index for j in jobs if j.index not in taken]
     early = free[: max(1, (len(free) + 1) // 2)]
     count = min(_ORPHANS_MAX, max(1, round(len(jobs) * 0.1)), len(early))
@@ -234,7 +254,7 @@ def _faults(rng: random.Random, jobs: list[JobPlan], kinds: list[str]) -> list[F
         return []
     # Every kind at least once (the exclusive ones first: they need a job to themselves),
     # then more drawn at random.
-    wanted = sorted(kinds, key=lambda k: k not in _EXCLUSIVE)
+    wanted = sorted(kinds, key=lambda k: k not in EXCLUSIVE)
     extra = max(0, round(len(jobs) * _RATE) - len(wanted))
     wanted += [rng.choice(kinds) for _ in range(extra)]
     used: set[tuple[int, int]] = set()
@@ -271,11 +291,11 @@ def _place(
         order = order[len(jobs) // 2 :] or order
     rng.shuffle(order)
     slow = {f.job for f in placed if f.kind == SLOW_REDELIVERY}
-    exclusive = {f.job for f in placed if f.kind in _EXCLUSIVE}
+    exclusive = {f.job for f in placed if f.kind in EXCLUSIVE}
     for job in order:
-        if per_job.get(job, 0) >= _PER_JOB or job in exclusive:
+        if per_job.get(job, 0) >= PER_JOB or job in exclusive:
             continue
-        if (kind == SLOW_REDELIVERY and job in slow) or (kind in _EXCLUSIVE and job in per_job):
+        if (kind == SLOW_REDELIVERY and job in slow) or (kind in EXCLUSIVE and job in per_job):
             continue
         steps = [i for i in _steps_for(kind, jobs[job], rng) if (job, i) not in used]
         if steps:

@@ -6,7 +6,9 @@ a new idempotency key, once its slot was leased again: the generic retry layer o
 docs/architecture.md §Problem, which replays bytes it does not understand. The fence
 must refuse it (409 ``stale_generation`` / ``slot_job_mismatch`` / ``lease_expired``,
 I1); with the fence switched off it lands in another job's lease, and the detector
-and the verifier must both say so.
+and the verifier must both say so. On several hosts the replay goes to the tool
+server of the host that applied the request (a slot is one host's), unless that host
+is dead by then.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from ops.testing.chaos.stack import ChaosStack, wait_until
+from ops.testing.chaos.stack import DEAD, ChaosHost, ChaosStack, wait_until
 from runner.core.poll import PollTimeout, poll_until
 from runner.core.stamp import StampError, read_stamp
 
@@ -36,6 +38,7 @@ class Replayed:
     slot_generation: int  # the slot's when the replay was sent
     status: int
     error: str | None
+    host: str = ""  # whose tool server it went to
 
     def describe(self) -> str:
         return (
@@ -46,34 +49,45 @@ class Replayed:
 
 def replay_step(
     stack: ChaosStack, job_id: str, step: int, all_finished: threading.Event
-) -> Replayed | None:
-    """Replay ``job_id``'s applied request of ``step``; None when it never applied."""
+) -> Replayed | str:
+    """Replay ``job_id``'s applied request of ``step``; why not, when it cannot be."""
     applied = [
-        call
-        for call, status in list(stack.proxy.recorded)
+        (call, host)
+        for host in stack.hosts
+        for call, status in list(host.proxy.recorded)
         if status == 200 and call.envelope.get("job_id") == job_id and f":s{step}:" in call.key
     ]
     if not applied:
-        return None
-    call = applied[-1]
+        return "the step never applied: nothing to replay"
+    # One host: its last; several: the latest attempt's (the proxies' records are apart).
+    call, host = max(applied, key=lambda a: int(a[0].envelope.get("attempt", 0)))
+    if len(stack.hosts) == 1:
+        call, host = applied[-1]
     envelope = dict(call.envelope)
     slot_id, generation = str(envelope["slot_id"]), int(envelope["generation"])
-    # Wait for the slot to be recycled, so the replay aims at another job's lease.
+    # Wait for the slot to be recycled, so the replay aims at another job's lease (on
+    # a host that was killed, once it is back and its janitor took the slot back).
     wait_until(
-        lambda: generation_of(stack, slot_id) > generation or all_finished.is_set(),
+        lambda: (
+            (host.state != DEAD and generation_of(host, slot_id) > generation)
+            or all_finished.is_set()
+        ),
         REPLAY_WAIT_S,
     )
+    if host.state == DEAD:
+        return f"its host {host.name} is dead: no tool server to replay to"
     envelope["idempotency_key"] = f"{envelope['idempotency_key']}:replay"
     body = {"envelope": envelope, "args": json.loads(call.body)["args"]}
-    now = generation_of(stack, slot_id)
-    status, error = _post(stack.toolserver_url, str(envelope["tool"]), body)
+    now = generation_of(host, slot_id)
+    status, error = _post(host.toolserver_url, str(envelope["tool"]), body)
     attempt, key = int(envelope["attempt"]), str(envelope["idempotency_key"])
-    return Replayed(job_id, attempt, key, slot_id, generation, now, status, error)
+    name = host.name if len(stack.hosts) > 1 else ""
+    return Replayed(job_id, attempt, key, slot_id, generation, now, status, error, name)
 
 
-def generation_of(stack: ChaosStack, slot_id: str) -> int:
+def generation_of(host: ChaosHost, slot_id: str) -> int:
     try:
-        stamp = read_stamp(stack.settings.slots_dir / slot_id)
+        stamp = read_stamp(host.settings.slots_dir / slot_id)
     except StampError:
         return 0
     return stamp.generation if stamp is not None else 0

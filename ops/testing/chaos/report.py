@@ -3,7 +3,8 @@
 The seed and the plan come first (the same seed gives the same plan), then what was
 injected (by kind, with job, step and time), the jobs by terminal state, every
 check, and the denominator: duplicate applies per 100 injected faults, which must
-be 0.
+be 0. A campaign on several hosts adds ``hosts``: a row per host (its state at the
+end, attempts started, results committed, leases, the faults that hit it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ChaosReport:
     toolserver_restarts: int = 0
     worker_restarts: list[str] = field(default_factory=list)  # "<name>: <why it died>"
     notes: list[str] = field(default_factory=list)
+    hosts: list[dict[str, Any]] = field(default_factory=list)  # empty on one host
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,7 @@ class ChaosReport:
         return next(c for c in self.checks if c.name == name)
 
     def to_json(self) -> dict[str, Any]:
+        hosts = {"hosts": self.hosts} if self.hosts else {}
         return {
             "seed": self.seed,
             "ok": self.ok,
@@ -88,13 +91,15 @@ class ChaosReport:
             "fired": sorted(self.fired, key=lambda f: float(f["at_s"])),
             "notes": self.notes,
             "report_dir": self.report_dir,
+            **hosts,
         }
 
 
 def render(report: ChaosReport, console: Console) -> None:
     verdict = "[green]PASS[/]" if report.ok else "[bold red]FAIL[/]"
+    on = f" on {len(report.hosts)} hosts" if report.hosts else ""
     console.print(
-        f"chaos seed {report.seed}: {verdict}  {report.jobs} jobs, {len(report.injected)} "
+        f"chaos seed {report.seed}{on}: {verdict}  {report.jobs} jobs, {len(report.injected)} "
         f"faults injected, {report.duplicate_applies} duplicate applies "
         f"({report.duplicates_per_100_faults:g} per 100 faults), {report.duration_s:.1f}s "
         f"({report.jobs_per_s:g} jobs/s)"
@@ -112,6 +117,31 @@ def render(report: ChaosReport, console: Console) -> None:
         mark = "[green]ok[/]" if check.ok else "[bold red]FAILED[/]"
         checks.add_row(check.name, mark, Text(check.detail[:300]))
     console.print(checks)
+    if report.hosts:
+        hosts = Table(
+            "host",
+            "state",
+            "attempts",
+            "committed",
+            "leases",
+            "faults",
+            "restarts",
+            title="hosts",
+            title_justify="left",
+        )
+        for row in report.hosts:
+            hit = ", ".join(f"{k} {n}" for k, n in sorted(row["faults"].items()))
+            restarts = f"tool server {row['toolserver_restarts']}, workers {row['worker_restarts']}"
+            hosts.add_row(
+                row["host"],
+                row["state"],
+                str(row["attempts_started"]),
+                str(row["results_committed"]),
+                str(row["leases"]),
+                hit or "none",
+                restarts,
+            )
+        console.print(hosts)
     for note in report.notes:
         console.print(Text(f"note: {note}"))
 

@@ -1,20 +1,20 @@
-"""The chaos campaign's stack: a real slotrunner on one host, in a scratch home.
+"""The chaos campaign's stack: a real slotrunner on one host or several, in a scratch home.
 
-Its own embedded Redis (never 127.0.0.1:6379), one tool server kept alive by a
-supervisor thread (restarted on the same port when a fault kills it), a
-:class:`ops.testing.fault_proxy.FaultProxy` in front of it, and Celery workers that reach
-the tool server only through the proxy. Broker and liveness clocks are short, so
-redelivery, takeover and reclaim happen within seconds.
+Its own embedded Redis (never 127.0.0.1:6379) and one :class:`ops.testing.chaos.host.ChaosHost`
+or more sharing it: on one host the host's home is the scratch home itself, on N
+hosts each has its own under ``hosts/h1`` .. ``hosts/hN`` (its own slots, receipts,
+attempt floors, log, tool server, proxy and workers), and every host's workers take
+jobs from the one queue. Broker and liveness clocks are short, so redelivery,
+takeover and reclaim happen within seconds.
+
+The stack's gate (:meth:`ChaosStack.take_down`) keeps one host up at every moment: a
+host is frozen or killed only while another one is up, so every job can finish.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,68 +22,38 @@ from typing import Any
 import redis
 from celery import Celery
 
-from ops.testing.fault_proxy import FaultProxy
-from ops.testing.faultplan import FaultPlan
-from ops.testing.stack import Child, StackError, free_port, start_toolserver, start_worker
-from runner.core.poll import PollTimeout, poll_until
+from ops.testing.chaos.host import (
+    DEAD,
+    FAST_ENV,
+    FROZEN,
+    LEASE_TTL_S,
+    UNACKED_RESTORE_S,
+    UP,
+    UPSTREAM_WAIT_S,
+    VISIBILITY_S,
+    ChaosHost,
+    LogTail,
+    wait_until,
+)
+from ops.testing.fault_proxy import Rule
+from ops.testing.stack import StackError
 from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
 
-# Redelivery ~4 s after a delivery, takeover 3 s after an attempt's last beat: the
-# environment's knobs, and kombu's restore of unacked deliveries every second (an
-# option of the test worker, ``ops.testing.worker``, that a normal worker never reads).
-FAST_ENV = {
-    "SLOTRUNNER_VISIBILITY_TIMEOUT_S": "3",
-    "SLOTRUNNER_HEARTBEAT_TTL_S": "3",
-    "SLOTRUNNER_HEARTBEAT_INTERVAL_S": "0.5",
-    "SLOTRUNNER_JANITOR_INTERVAL_S": "1",
-}
-VISIBILITY_S = float(FAST_ENV["SLOTRUNNER_VISIBILITY_TIMEOUT_S"])
-UNACKED_RESTORE_S = 1.0
-LEASE_TTL_S = 20.0
-UPSTREAM_WAIT_S = 30.0  # the proxy waits this long for a restarting tool server
-
-
-class LogTail:
-    """The host's JSONL log, read incrementally; safe to share between threads."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.events: list[dict[str, Any]] = []
-        self._offset = 0
-        self._lock = threading.Lock()
-
-    def poll(self) -> list[dict[str, Any]]:
-        with self._lock:
-            try:
-                with open(self.path, "rb") as handle:
-                    handle.seek(self._offset)
-                    data = handle.read()
-            except FileNotFoundError:
-                return self.events
-            end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
-            self._offset += end
-            for line in data[:end].splitlines():
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    if isinstance(record, dict):
-                        self.events.append(record)
-            return list(self.events)
-
-    def find(self, event: str, **match: Any) -> list[dict[str, Any]]:
-        return [
-            e
-            for e in self.poll()
-            if e.get("event") == event and all(e.get(k) == v for k, v in match.items())
-        ]
-
-
-def wait_until(probe: Callable[[], Any], timeout_s: float, poll_s: float = 0.1) -> Any:
-    """``probe()``'s first truthy answer, or None when ``timeout_s`` ran out first."""
-    try:
-        return poll_until(probe, timeout_s, poll_s)
-    except PollTimeout:
-        return None
+__all__ = [
+    "DEAD",
+    "FAST_ENV",
+    "FROZEN",
+    "LEASE_TTL_S",
+    "UNACKED_RESTORE_S",
+    "UP",
+    "UPSTREAM_WAIT_S",
+    "VISIBILITY_S",
+    "ChaosHost",
+    "ChaosStack",
+    "LogTail",
+    "wait_until",
+]
 
 
 class ChaosStack:
@@ -98,85 +68,64 @@ class ChaosStack:
         fence: bool = True,
         attempt_floor: bool = True,
         base_env: Mapping[str, str] | None = None,
+        hosts: int = 1,
     ) -> None:
-        """``fence=False`` starts the tool server with the envelope check off, and
+        """``fence=False`` starts the tool servers with the envelope check off, and
         ``attempt_floor=False`` the workers without the host's attempt floor (the
-        control runs of ``tests/e2e/test_chaos.py``).
+        control runs of ``tests/e2e/test_chaos.py``). ``workers`` is per host.
 
-        The tool server is the stack's own process (``ops.testing.toolserver``), with
-        the fault plan in ``faults`` that the campaign arms while it runs (a crash
-        after a call's effect, EIO on a slot's fsyncs); a normally started
-        ``slotrunner toolserver`` never reads it."""
+        Each tool server is the stack's own process (``ops.testing.toolserver``), with
+        the host's fault plan that the campaign arms while it runs (a crash after a
+        call's effect, EIO on a slot's fsyncs); a normally started ``slotrunner
+        toolserver`` never reads it. One host is named ``host`` and lives in ``home``;
+        several are named ``h1`` .. ``hN`` and live in ``home/hosts/``."""
         self.home = home
-        self.n_workers = workers
-        self.concurrency = concurrency
         self.redis_server = EmbeddedRedis(home)
         self.redis_url = self.redis_server.ensure()
-        self.port = free_port()
-        self.toolserver_url = f"http://127.0.0.1:{self.port}"
         base = {
             k: v
             for k, v in (os.environ if base_env is None else base_env).items()
             if not k.startswith("SLOTRUNNER_") and k != "REDIS_URL"
         }
-        self.settings = Settings.from_env(
-            {
-                "SLOTRUNNER_HOME": str(home),
-                "REDIS_URL": self.redis_url,
-                "SLOTRUNNER_SLOTS": str(slots),
-                "SLOTRUNNER_HOST_ID": host,
-                "SLOTRUNNER_LEASE_TTL_S": str(LEASE_TTL_S),
-                "SLOTRUNNER_SANDBOX": os.environ.get("SLOTRUNNER_SANDBOX", "auto"),
-                "SLOTRUNNER_TOOLSERVER_URL": self.toolserver_url,
-            }
-        )
-        # Workers get the same settings but call the tool server through the fault proxy.
-        self.env = {**base, "PYTHONUNBUFFERED": "1", **self.settings.to_env(), **FAST_ENV}
-        self.fence = fence
-        self.faults = FaultPlan(home / "faults")
-        self.attempt_floor = attempt_floor
-        self.log = LogTail(self.settings.log_path)
+        lock = threading.Lock()
+
+        def make(name: str, host_home: Path, worker_names: list[str]) -> ChaosHost:
+            return ChaosHost(
+                name,
+                host_home,
+                redis_url=self.redis_url,
+                base_env=base,
+                slots=slots,
+                workers=worker_names,
+                concurrency=concurrency,
+                fence=fence,
+                attempt_floor=attempt_floor,
+                proxy_lock=lock,
+            )
+
+        if hosts == 1:
+            self.hosts = [make(host, home, [f"w{n + 1}" for n in range(workers)])]
+        else:
+            names = [f"h{i + 1}" for i in range(hosts)]
+            self.hosts = [
+                make(h, home / "hosts" / h, [f"{h}-w{n + 1}" for n in range(workers)])
+                for h in names
+            ]
+        self.n_workers = workers
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
-        self.proxy = FaultProxy(
-            self.toolserver_url, kill=self.kill_caller, upstream_wait_s=UPSTREAM_WAIT_S, record=True
-        )
-        self.toolserver: Child | None = None
-        self.workers: list[Child] = []
-        self.restarts: list[float] = []  # monotonic times the supervisor restarted the server
-        self.restart_errors: list[str] = []
-        self.worker_restarts: list[str] = []  # "<name>: <its last error line>"
-        self._workers_lock = threading.Lock()
-        self._workers_stopping = False
-        self._worker_start_env: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._supervisor = threading.Thread(target=self._supervise, name="chaos-supervisor")
+        self._gate = threading.Condition()
         self._app: Celery | None = None
 
-    # -- lifecycle ------------------------------------------------------------------
+    # -- the first host stands for the stack where one is needed ----------------------
 
-    def start(self) -> None:
-        self.toolserver = self._start_toolserver()
-        self._supervisor.start()
-        proxy_url = self.proxy.start()
-        self._worker_start_env = {**self.env, "SLOTRUNNER_TOOLSERVER_URL": proxy_url}
-        with self._workers_lock:
-            for n in range(self.n_workers):
-                self.workers.append(self._start_worker(f"w{n + 1}"))
+    @property
+    def settings(self) -> Settings:
+        """The first host's: the submitting app's, and the checks' on one host."""
+        return self.hosts[0].settings
 
-    def _start_toolserver(self) -> Child:
-        return start_toolserver(
-            self.env, self.port, self.home / "logs", fence=self.fence, faults=self.faults.root
-        )
-
-    def _start_worker(self, name: str) -> Child:
-        return start_worker(
-            self._worker_start_env,
-            self.home / "logs",
-            name=name,
-            concurrency=self.concurrency,
-            unacked_restore_s=UNACKED_RESTORE_S,
-            attempt_floor=self.attempt_floor,
-        )
+    @property
+    def env(self) -> dict[str, str]:
+        return self.hosts[0].env
 
     @property
     def app(self) -> Celery:
@@ -186,74 +135,124 @@ class ChaosStack:
             self._app = create_app(self.settings, redis_url=self.redis_url, env=self.env)
         return self._app
 
-    def _supervise(self) -> None:
-        """Restart the tool server on its port, and any worker, whenever one died.
+    # -- lifecycle ------------------------------------------------------------------
 
-        Workers are supervised as a deployment would (systemd, Kubernetes): Celery's
-        worker exits with "Unrecoverable error" when its Redis broker refuses
-        connections while it still holds unacked deliveries (kombu restores them on
-        close through a connection that is already gone), which a Redis restart does.
-        """
-        while not self._stop.wait(0.05):
-            self._supervise_workers()
-            child = self.toolserver
-            if child is None or child.alive():
-                continue
-            child.stop()
-            self.restarts.append(time.monotonic())
-            try:
-                self.toolserver = self._start_toolserver()
-            except StackError as exc:
-                self.restart_errors.append(str(exc))
-                return
-
-    def _supervise_workers(self) -> None:
-        with self._workers_lock:
-            if self._workers_stopping:
-                return
-            for n, child in enumerate(self.workers):
-                if child.alive():
-                    continue
-                child.stop()
-                last = [
-                    ln for ln in child.tail(200).splitlines() if "CRITICAL" in ln or "Error" in ln
-                ]
-                why = last[-1].strip()[:200] if last else f"exit {child.proc.returncode}"
-                self.worker_restarts.append(f"{child.name}: {why}")
-                self.workers[n] = self._start_worker(child.name)
-
-    def stop_workers(self) -> None:
-        with self._workers_lock:
-            self._workers_stopping = True
-        for child in self.workers:
-            child.signal_group(signal.SIGCONT)  # a stopped group would ignore SIGTERM
-            child.stop()
+    def start(self) -> None:
+        """Start every host, side by side (a tool server takes a second or two)."""
+        self._each(lambda h: h.start())
 
     def stop(self) -> None:
-        self.stop_workers()
-        self._stop.set()
-        if self._supervisor.is_alive():
-            self._supervisor.join(timeout=60)
-        if self.toolserver is not None:
-            self.toolserver.stop()
-        self.proxy.stop()
+        self._each(lambda h: h.stop())
         self.redis.close()
         self.redis_server.leave()
 
-    # -- the workers' processes -----------------------------------------------------
+    def _each(self, act: Callable[[ChaosHost], None]) -> None:
+        if len(self.hosts) == 1:
+            act(self.hosts[0])
+            return
+        errors: list[BaseException] = []
 
-    def worker_group(self, pid: int) -> int | None:
-        """The process group of a worker *child* ``pid``; None for anything else."""
+        def run(host: ChaosHost) -> None:
+            try:
+                act(host)
+            except BaseException as exc:  # re-raised below, in the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(h,)) for h in self.hosts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    # -- what the hosts did, together ---------------------------------------------------
+
+    @property
+    def restarts(self) -> list[float]:
+        return [t for h in self.hosts for t in h.restarts]
+
+    @property
+    def restart_errors(self) -> list[str]:
+        return [e for h in self.hosts for e in h.restart_errors]
+
+    @property
+    def worker_restarts(self) -> list[str]:
+        return [w for h in self.hosts for w in h.worker_restarts]
+
+    def find(self, event: str, **match: Any) -> list[dict[str, Any]]:
+        """Matching events of every host's log, host by host."""
+        return [e for h in self.hosts for e in h.log.find(event, **match)]
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every host's log, merged by time (one host: its lines in their order)."""
+        if len(self.hosts) == 1:
+            return self.hosts[0].log.poll()
+        merged = [e for h in self.hosts for e in h.log.poll()]
+        return sorted(merged, key=lambda e: str(e.get("ts", "")))
+
+    def host_of(self, pid: int | None) -> ChaosHost | None:
+        """The host one of whose workers' children is ``pid``."""
+        if pid is None:
+            return None
+        return next((h for h in self.hosts if h.worker_group(pid) is not None), None)
+
+    def host_named(self, name: str) -> ChaosHost:
+        return next(h for h in self.hosts if h.name == name)
+
+    def add_rule(self, rule: Rule) -> Rule:
+        """One rule on every host's proxy: whichever host a job is on meets it, once."""
+        for host in self.hosts:
+            host.proxy.add(rule)
+        return rule
+
+    @property
+    def rules(self) -> list[Rule]:
+        return list(self.hosts[0].proxy.rules)
+
+    # -- the gate: one host up at every moment ---------------------------------------------
+
+    def take_down(self, host: ChaosHost, state: str, wait_s: float) -> bool:
+        """Mark ``host`` FROZEN or DEAD, once another host is up (waited for up to
+        ``wait_s``); False, and nothing changed, when none came up or ``host`` is not up."""
+
+        def another_up() -> bool:
+            return any(h.serving() for h in self.hosts if h is not host)
+
+        with self._gate:
+            if host.state != UP or not self._gate.wait_for(another_up, wait_s):
+                return False
+            host.state = state
+            return True
+
+    def bring_up(self, host: ChaosHost) -> None:
+        with self._gate:
+            host.state = UP
+            self._gate.notify_all()
+
+    def hold_worker(self, host: ChaosHost, group: int, wait_s: float) -> bool:
+        """Count ``host``'s worker ``group`` as paused, once another worker (of any host)
+        serves, waited for up to ``wait_s``; False when none did."""
+
+        def another_serves() -> bool:
+            return any(h.serving(besides=group) for h in self.hosts)
+
+        with self._gate:
+            if not self._gate.wait_for(another_serves, wait_s):
+                return False
+            host.paused.add(group)
+            return True
+
+    def release_worker(self, host: ChaosHost, group: int) -> None:
+        with self._gate:
+            host.paused.discard(group)
+            self._gate.notify_all()
+
+    def restart(self, host: ChaosHost) -> None:
+        """Start the killed ``host`` again; it is up once its processes started."""
         try:
-            group = os.getpgid(pid)
-        except ProcessLookupError:
-            return None
-        if pid == group or group not in {w.pid for w in self.workers}:
-            return None
-        return group
-
-    def kill_caller(self, pid: int) -> None:
-        # Only ever one of our workers' children: the header is not trusted alone.
-        if self.worker_group(pid) is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            host.restart()
+        except StackError as exc:
+            host.restart_errors.append(f"{host.name} did not come back: {exc}")
+            raise
+        self.bring_up(host)

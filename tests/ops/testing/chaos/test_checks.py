@@ -121,3 +121,39 @@ def test_exec_orphans_flags_a_file_that_landed_and_a_process_still_alive(tmp_pat
         alive.kill()
         alive.wait()
     assert exec_orphans(settings, ["job-x"], 1).ok
+
+
+def test_merged_logs_must_find_what_each_log_alone_finds() -> None:
+    """All logs at once read every line and apply of each alone and find each alone's
+    incidents; more is allowed (a key applied on two hosts shows only merged)."""
+    from ops.testing.chaos.checks import Check
+    from ops.testing.chaos.hostchecks import logs_agree
+
+    def run(lines: int, dup: int, code: int) -> Check:
+        data = {"exit_code": code, "lines": lines, "applies": lines, "counts": {"dup": dup}}
+        return Check("ops_verify", not dup, "", data)
+
+    assert logs_agree(run(20, 0, 0), [run(8, 0, 0), run(12, 0, 0)]).ok
+    assert logs_agree(run(20, 1, 1), [run(8, 0, 0), run(12, 0, 0)]).ok  # more merged
+    assert not logs_agree(run(20, 0, 0), [run(8, 1, 1), run(12, 0, 0)]).ok  # one lost
+    assert not logs_agree(run(19, 0, 0), [run(8, 0, 0), run(12, 0, 0)]).ok  # a line lost
+
+
+def test_a_frozen_attempt_that_committed_fails_on_its_own_host_only() -> None:
+    """The frozen host's attempt must not commit; the same number committed by another
+    host (numbers can come again after a Redis wipe) is not that attempt."""
+    from ops.testing.chaos.hostchecks import frozen_never_commit
+    from ops.testing.chaos.hostfaults import Frozen
+
+    frozen = [Frozen("h1", "job-a", 1, 2, 5.0), Frozen("h2", "job-b", 1, None, 45.0)]
+
+    def finished(job: str, attempt: int, host: str) -> dict[str, Any]:
+        return {"event": "job_finished", "job_id": job, "attempt": attempt, "host": host}
+
+    fine = [{**finished("job-a", 1, "h2"), "committed": True}]
+    fine += [{**finished("job-a", 1, "h1"), "committed": False}]
+    fine += [{**finished("job-b", 1, "h2"), "committed": True}]  # no takeover came: allowed
+    check = frozen_never_commit(fine, frozen)
+    assert check.ok and check.data["taken_over"] == 1
+    late = frozen_never_commit([{**finished("job-a", 1, "h1"), "committed": True}], frozen)
+    assert not late.ok and late.data["committed"] == ["job-a attempt 1 on h1"]

@@ -111,3 +111,56 @@ def test_check_command_judges_the_values_file(tmp_path: Path) -> None:
     (tmp_path / "data" / "values.txt").write_text("1\nx\n")
     bad = subprocess.run(job.test_command(sys.executable), cwd=tmp_path, check=False)
     assert (ok.returncode, bad.returncode) == (0, 1)
+
+
+# -- several hosts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(1, 11))
+def test_host_faults_are_planned_only_on_several_hosts(seed: int) -> None:
+    """One host plans no host fault and refuses one by name; three hosts plan kills and
+    freezes on top of exactly the faults and jobs one host plans for the seed."""
+    one = cp.make_plan(seed, 30)
+    assert not {f.kind for f in one.faults} & set(cp.HOST_KINDS)
+    with pytest.raises(ValueError, match=r"host_kill.*two hosts"):
+        cp.make_plan(seed, 30, cp.ALL_KINDS)
+    three = cp.make_plan(seed, 30, cp.ALL_KINDS, hosts=3)
+    assert three.jobs == one.jobs
+    assert [f for f in three.faults if f.kind not in cp.HOST_KINDS] == list(one.faults)
+    assert {cp.HOST_KILL, cp.HOST_FREEZE} <= {f.kind for f in three.faults}
+
+
+@pytest.mark.parametrize("hosts", [2, 3, 4])
+@pytest.mark.parametrize(
+    "kinds", [cp.ALL_KINDS, cp.HOST_KINDS, (cp.HOST_KILL,), (cp.HOST_KILL, cp.HOST_FREEZE)]
+)
+def test_host_faults_always_leave_a_live_host(hosts: int, kinds: tuple[str, ...]) -> None:
+    """Fewer hosts die for good than there are, one fewer again when a freeze needs a
+    live host besides the frozen one; each restart follows a planned kill on its step."""
+    from ops.testing.chaos.hostplan import RESTART_AFTER_S, stays_dead
+
+    for seed in range(1, 21):
+        for n_jobs in (4, 8, 30):
+            plan = cp.make_plan(seed, n_jobs, kinds, hosts=hosts)
+            assert [f.fault_id for f in plan.faults] == list(range(len(plan.faults)))
+            host = [f for f in plan.faults if f.kind in cp.HOST_KINDS]
+            freezes = [f for f in host if f.kind == cp.HOST_FREEZE]
+            assert len(stays_dead(plan.faults)) + (1 if freezes else 0) <= hosts - 1
+            kills = {f.fault_id: f for f in host if f.kind == cp.HOST_KILL}
+            for fault in host:
+                if fault.kind == cp.HOST_KILL:
+                    assert fault.tool in cp.EFFECT_TOOLS
+                if fault.kind == cp.HOST_RESTART:
+                    kill = kills[fault.params["kill"]]
+                    assert (fault.job, fault.step) == (kill.job, kill.step)
+                    low, high = RESTART_AFTER_S
+                    assert low <= fault.params["after_s"] <= high
+            triggers = [f.job for f in host if f.kind != cp.HOST_RESTART]
+            assert len(triggers) == len(set(triggers))  # one host fault a job
+            if cp.HOST_RESTART not in kinds:
+                assert not [f for f in host if f.kind == cp.HOST_RESTART]
+
+
+def test_a_restart_without_a_kill_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"host_restart.*host_kill"):
+        cp.make_plan(1, 8, (cp.HOST_RESTART,), hosts=2)
