@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import pytest
 
-from bench.chaos_sweep import keep_findings, parse_seeds, render
+from bench.chaos_sweep import compose, keep_findings, parse_seeds, render
 
 
 def test_parse_seeds() -> None:
@@ -55,3 +55,19 @@ def test_findings_are_kept_verbatim() -> None:
     doc = "# old tables\n\n## Findings\n\nprose *kept*\n"
     assert keep_findings(doc) == "## Findings\n\nprose *kept*\n"
     assert keep_findings("no heading").startswith("## Findings")
+
+
+def test_a_sweep_on_several_hosts_replaces_only_its_own_section() -> None:
+    """One host's tables, the Several hosts section and the Findings each survive the
+    other sweep's rewrite."""
+    doc = "# one host\n\nold 1\n\n## Findings\n\nprose\n"
+    both = compose(doc, "## Several hosts: seeds 1..2\n\nold 3\n", hosts=3)
+    assert (
+        both
+        == "# one host\n\nold 1\n\n## Several hosts: seeds 1..2\n\nold 3\n\n## Findings\n\nprose\n"
+    )
+    again = compose(both, "# one host\n\nnew 1\n", hosts=1)
+    assert "new 1" in again and "old 1" not in again and "old 3" in again
+    three = compose(again, "## Several hosts: seeds 1..10\n\nnew 3\n", hosts=3)
+    assert "new 3" in three and "old 3" not in three and "new 1" in three
+    assert three.endswith("## Findings\n\nprose\n")
