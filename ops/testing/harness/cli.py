@@ -108,6 +108,13 @@ def knee_line(report: SweepReport) -> str:
     return f"knee: C={knee.concurrency} ({knee.reason} at C={knee.seen_at})"
 
 
+def knee_evidence(report: SweepReport) -> list[str]:
+    """What decided the knee, with its numbers, then what was seen and not acted on."""
+    knee = report.knee
+    lines = [f"  decided by {knee.statistic}: {knee.detail}"] if knee.statistic else []
+    return lines + [f"  note: {note}" for note in knee.notes]
+
+
 def write_plot(report: SweepReport, path: Path) -> None:
     """Throughput and p99 (observed, service) against concurrency, the knee marked."""
     try:
@@ -266,6 +273,12 @@ def sweep(
     Each run is judged: valid only if p99(queue wait) / p99(observed) < 5 %, it
     completed first attempts, and its concurrency is at or below the knee. Latency
     is first attempts; retries are a separate series; 429s and timeouts are counted.
+
+    The knee is the level before the first 429s, a timeout rate 1 % above the
+    smallest level's, or a step that gains under 10 % throughput. A service p99 never
+    moves it earlier: it names the reason only at that flat step, and only when its
+    95 % bounds separate (under 299 samples at the smallest level cannot bound a p99).
+    The report says which statistic decided, and what was seen and not weighed.
     """
     config = LoadConfig(
         url=chat_url(url),
@@ -278,6 +291,8 @@ def sweep(
     console = _console()
     console.print(render_table(report))
     console.print(knee_line(report))
+    for line in knee_evidence(report):
+        console.print(line, markup=False)
     if json_out is not None:
         _write_json(report, json_out)
     if plot is not None:

@@ -30,11 +30,14 @@ from typing import Any, Literal
 import httpx
 
 from ops.errors import OpsError
+from ops.testing.harness.bounds import CONFIDENCE
 from ops.testing.harness.stats import (
     MAX_QUEUE_SHARE,
     MIN_GAIN,
     RETRYABLE,
     SERVICE_INFLATION,
+    TAIL_Q,
+    TIMEOUT_MARGIN,
     Attempt,
     Knee,
     Outcome,
@@ -295,6 +298,8 @@ class SweepReport:
     knee: Knee
     verdicts: tuple[Verdict, ...]
     max_queue_share: float
+    min_gain: float = MIN_GAIN
+    service_inflation: float = SERVICE_INFLATION
 
     def to_json(self) -> dict[str, Any]:
         c = self.config
@@ -309,11 +314,19 @@ class SweepReport:
             "rule": {
                 "max_queue_share": self.max_queue_share,
                 "series": "first attempts and retries, never pooled",
+                "min_gain": self.min_gain,
+                "service_inflation": self.service_inflation,
+                "timeout_margin": TIMEOUT_MARGIN,
+                "tail_quantile": TAIL_Q,
+                "tail_confidence": CONFIDENCE,
             },
             "knee": {
                 "concurrency": self.knee.concurrency,
                 "reason": self.knee.reason,
                 "seen_at": self.knee.seen_at,
+                "statistic": self.knee.statistic,
+                "detail": self.knee.detail,
+                "notes": list(self.knee.notes),
             },
             "points": [point_json(p, v) for p, v in zip(self.points, self.verdicts, strict=True)],
         }
@@ -341,7 +354,9 @@ def run_sweep(
         points.append(run_point(config, level, on_done))
     knee = find_knee(points, min_gain, service_inflation)
     verdicts = tuple(judge(p, knee, max_queue_share) for p in points)
-    return SweepReport(config, tuple(points), knee, verdicts, max_queue_share)
+    return SweepReport(
+        config, tuple(points), knee, verdicts, max_queue_share, min_gain, service_inflation
+    )
 
 
 def api_key_from_env(name: str | None) -> str | None:

@@ -10,7 +10,9 @@ retry latencies are how phantom regressions are born. 429s and timeouts are coun
 beside the latency, not hidden from it.
 
 A run is valid only if p99(queue_wait) / p99(observed) < ``MAX_QUEUE_SHARE`` in every
-series, it completed something, and its concurrency is at or below the knee.
+series, it completed something, and its concurrency is at or below the knee
+(:func:`find_knee`: errors, then the throughput curve; a latency tail only as far as
+its samples bound it, ops/testing/harness/bounds.py).
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from ops.testing.harness.bounds import CONFIDENCE, Interval, min_samples_for_upper, quantile_bounds
+
 MAX_QUEUE_SHARE = 0.05  # the harness may own at most 5 % of the p99 it publishes
 MIN_GAIN = 0.10  # throughput gaining less than this from one step to the next: the knee
-SERVICE_INFLATION = 2.0  # service p99 this many times the smallest-C p99: the knee
+SERVICE_INFLATION = 2.0  # service p99 bounded above this many times the smallest C's
+TAIL_Q = 0.99  # the latency quantile the knee weighs, through its bounds
 TIMEOUT_MARGIN = 0.01  # a timeout rate this much above the smallest-C rate: the knee
 
 
@@ -74,6 +79,7 @@ class Series:
     queue_wait_ms: Quantiles
     transit_ms: Quantiles  # observed - queue_wait - service: network and both HTTP stacks
     queue_share: float | None  # p99(queue_wait) / p99(observed)
+    service_p99_bounds: Interval  # CONFIDENCE bounds on the service p99; None: too few samples
 
 
 @dataclass(frozen=True)
@@ -100,13 +106,20 @@ class Point:
 
 @dataclass(frozen=True)
 class Knee:
-    """Where throughput stops paying for concurrency; ``None`` if already past at the smallest."""
+    """Where throughput stops paying for concurrency; ``None`` if already past at the smallest.
+
+    ``statistic`` names what decided, ``detail`` gives its numbers, ``notes`` the
+    signals seen and not acted on (a tail too thin to weigh, throughput still rising).
+    """
 
     concurrency: int | None
     reason: (
         str  # 429s_appear | timeouts_rise | service_p99_inflated | throughput_flat | not_reached
     )
     seen_at: int | None  # the concurrency that showed the signal
+    statistic: str = field(default="", compare=False)  # rate_429 | timeout_rate | ...
+    detail: str = field(default="", compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,8 @@ def quantiles(values: Sequence[float]) -> Quantiles:
 def series(attempts: Sequence[Attempt]) -> Series:
     observed = quantiles([a.observed_ms for a in attempts])
     queue = quantiles([a.queue_wait_ms for a in attempts])
-    service = quantiles([a.service_ms for a in attempts if a.service_ms is not None])
+    service_values = [a.service_ms for a in attempts if a.service_ms is not None]
+    service = quantiles(service_values)
     transit = quantiles(
         [
             a.observed_ms - a.queue_wait_ms - a.service_ms
@@ -151,7 +165,8 @@ def series(attempts: Sequence[Attempt]) -> Series:
     share = None
     if observed.p99 is not None and queue.p99 is not None:
         share = queue.p99 / observed.p99 if observed.p99 > 0 else 0.0
-    return Series(len(attempts), observed, service, queue, transit, share)
+    bounds = quantile_bounds(service_values, TAIL_Q)
+    return Series(len(attempts), observed, service, queue, transit, share, bounds)
 
 
 def summarize(
@@ -190,21 +205,35 @@ def summarize(
     )
 
 
-def _signal(
-    point: Point, prev: Point | None, base: Point, min_gain: float, inflation: float
-) -> str:
-    if point.rate_429 > 0:
-        return "429s_appear"
-    if prev is None:
-        return ""
-    if point.timeout_rate > base.timeout_rate + TIMEOUT_MARGIN:
-        return "timeouts_rise"
+def _tail(point: Point, base: Point, inflation: float) -> tuple[bool, str]:
+    """Whether ``point``'s service p99 is ``inflation`` times ``base``'s beyond doubt, and
+    the words for it; no words when even the raw p99s do not differ that much.
+
+    Beyond doubt: the lower bound of the p99 at ``point`` exceeds ``inflation`` times the
+    upper bound at ``base``. A lone slow sample moves a small run's p99 (with 60
+    samples, its largest value) but not these bounds.
+    """
+    c, b = point.concurrency, base.concurrency
+    low, high = point.first.service_p99_bounds.low, base.first.service_p99_bounds.high
+    if low is not None and high is not None and low > inflation * high:
+        return True, (
+            f"service p99 at C={c} is bounded below by {low:.1f} ms, over {inflation:g}x "
+            f"the {high:.1f} ms bounding C={b}'s above ({CONFIDENCE:.0%} bounds)"
+        )
     p99, base_p99 = point.first.service_ms.p99, base.first.service_ms.p99
-    if p99 is not None and base_p99 is not None and p99 > base_p99 * inflation:
-        return "service_p99_inflated"
-    if point.throughput_rps < prev.throughput_rps * (1 + min_gain):
-        return "throughput_flat"
-    return ""
+    if p99 is None or base_p99 is None or p99 <= base_p99 * inflation:
+        return False, ""
+    seen = f"service p99 {p99:.1f} ms at C={c} is {p99 / base_p99:.1f}x C={b}'s {base_p99:.1f} ms"
+    need = min_samples_for_upper(TAIL_Q)
+    if high is None:
+        why = (
+            f"C={b}'s {base.first.service_ms.count} samples cannot bound a p99 above (needs {need})"
+        )
+    elif low is None:
+        why = f"C={c}'s {point.first.service_ms.count} samples cannot bound a p99 below"
+    else:
+        why = f"its lower bound {low:.1f} ms is within {inflation:g}x C={b}'s upper {high:.1f} ms"
+    return False, f"{seen}, not weighed: {why}"
 
 
 def find_knee(
@@ -212,17 +241,51 @@ def find_knee(
     min_gain: float = MIN_GAIN,
     service_inflation: float = SERVICE_INFLATION,
 ) -> Knee:
-    """The last concurrency before the first sign of saturation, in increasing concurrency."""
+    """The last concurrency before the first sign of saturation, in increasing concurrency.
+
+    Errors end the rise wherever they appear: any 429, or a timeout rate
+    ``TIMEOUT_MARGIN`` above the smallest C's. Otherwise the throughput curve decides:
+    the knee is the level before the first one that gains less than ``min_gain``. The
+    latency tail never moves it earlier (docs/architecture.md §Testing tools): where
+    throughput stopped gaining it names the reason, and only when :func:`_tail` finds
+    the inflation beyond doubt; a tail inflated elsewhere, or too thin to weigh, is a
+    note in the knee, not the knee.
+    """
     ordered = sorted(points, key=lambda p: p.concurrency)
     if not ordered:
         raise ValueError("no points to find a knee in")
+    base, notes = ordered[0], list[str]()
     prev: Point | None = None
     for point in ordered:
-        reason = _signal(point, prev, ordered[0], min_gain, service_inflation)
-        if reason:
-            return Knee(prev.concurrency if prev else None, reason, point.concurrency)
+        c, before = point.concurrency, (prev.concurrency if prev else None)
+        if point.rate_429 > 0:
+            said = f"{point.rate_429:.1%} of the attempts at C={c} were answered 429"
+            return Knee(before, "429s_appear", c, "rate_429", said, tuple(notes))
+        if prev is None:
+            prev = point
+            continue
+        if point.timeout_rate > base.timeout_rate + TIMEOUT_MARGIN:
+            said = (f"timeout rate {point.timeout_rate:.1%} at C={c} against "
+                    f"{base.timeout_rate:.1%} at C={base.concurrency}")  # fmt: skip
+            return Knee(before, "timeouts_rise", c, "timeout_rate", said, tuple(notes))
+        gain = point.throughput_rps / prev.throughput_rps - 1 if prev.throughput_rps else 0.0
+        rise = (f"throughput {prev.throughput_rps:.1f} -> {point.throughput_rps:.1f} rps "
+                f"from C={before} to C={c} ({gain:+.0%}, min gain {min_gain:.0%})")  # fmt: skip
+        inflated, tail = _tail(point, base, service_inflation)
+        if point.throughput_rps < prev.throughput_rps * (1 + min_gain):
+            if inflated:
+                statistic = "service_ms.p99 bounds + throughput_rps"
+                return Knee(before, "service_p99_inflated", c, statistic, f"{tail}; {rise}",
+                            tuple(notes))  # fmt: skip
+            if tail:
+                notes.append(tail)
+            return Knee(before, "throughput_flat", c, "throughput_rps", rise, tuple(notes))
+        if tail:
+            notes.append(f"{tail}; not the knee: {rise}" if inflated else tail)
         prev = point
-    return Knee(ordered[-1].concurrency, "not_reached", None)
+    last = ordered[-1]
+    said = f"throughput gained at least {min_gain:.0%} at every step up to C={last.concurrency}"
+    return Knee(last.concurrency, "not_reached", None, "throughput_rps", said, tuple(notes))
 
 
 def judge(point: Point, knee: Knee, max_queue_share: float = MAX_QUEUE_SHARE) -> Verdict:

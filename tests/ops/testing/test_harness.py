@@ -138,7 +138,8 @@ def _point(
             Knee(4, "throughput_flat", 8),
         ),
         ([_point(1, 10), _point(2, 20), _point(4, 40, r429=0.2)], Knee(2, "429s_appear", 4)),
-        ([_point(1, 10), _point(2, 20, svc_p99=101.0)], Knee(1, "service_p99_inflated", 2)),
+        # A p99 of 10 samples, throughput doubling: no evidence, not a knee (#17).
+        ([_point(1, 10), _point(2, 20, svc_p99=101.0)], Knee(2, "not_reached", None)),
         ([_point(1, 10), _point(2, 20, timeouts=1)], Knee(1, "timeouts_rise", 2)),
         ([_point(1, 10), _point(2, 20), _point(4, 40)], Knee(4, "not_reached", None)),
         ([_point(1, 10, r429=0.5), _point(2, 20)], Knee(None, "429s_appear", 1)),
@@ -148,7 +149,7 @@ def _point(
 def test_the_knee_is_the_last_level_before_the_first_saturation_signal(
     points: list[Point], knee: Knee
 ) -> None:
-    """Throughput flat, 429s, service p99 inflation or timeouts end the rise; order is by C."""
+    """Throughput flat, 429s or timeouts end the rise; order is by C."""
     assert find_knee(points) == knee
 
 
@@ -296,6 +297,9 @@ def test_the_sweep_writes_a_table_a_json_report_and_a_png(closed_sweep: Any) -> 
     result, report, plot = closed_sweep
     assert "queue share" in result.output and "INVALID" in result.output
     assert report["rule"]["max_queue_share"] == 0.05
+    # Which statistic decided the knee is said in both (#17).
+    assert report["knee"]["statistic"] and isinstance(report["knee"]["notes"], list)
+    assert f"decided by {report['knee']['statistic']}: " in result.output
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
