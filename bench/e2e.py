@@ -67,7 +67,8 @@ from runner.worker.celery_app import create_app
 GOAL = Goal("<=", 15.0, "isolation overhead <= 15 % of end-to-end job time")
 
 
-def _instant(ts: str) -> float:
+def instant(ts: str) -> float:
+    """A log record's ``ts`` as epoch seconds."""
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
@@ -135,9 +136,9 @@ class Stack:
                 if line.get("job_id") not in wanted:
                     continue
                 if line["event"] == events.JOB_STARTED:
-                    begun[line["job_id"]] = _instant(line["ts"])
+                    begun[line["job_id"]] = instant(line["ts"])
                 elif line["event"] == events.JOB_FINISHED:
-                    ended[line["job_id"]] = _instant(line["ts"])
+                    ended[line["job_id"]] = instant(line["ts"])
         return (begun, ended) if wanted <= begun.keys() & ended.keys() else None
 
 

@@ -27,11 +27,11 @@ import contextlib
 import json
 import statistics
 import time
-from datetime import datetime
 from typing import Any
 
 import redis
 
+from bench.e2e import instant
 from bench.fixtures import Context, child_env, settings_for, toolserver
 from bench.stats import (
     BenchError,
@@ -60,10 +60,6 @@ TEST_COMMAND = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_
 KEY_FILES = ["setup.py"]
 _DB = 4  # a database of its own: its worker must not take another benchmark's jobs
 _JOB_TIMEOUT_S = 600.0
-
-
-def _instant(ts: str) -> float:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 class Pool:
@@ -135,9 +131,9 @@ class Pool:
                 if line.get("job_id") != job_id:
                     continue
                 if line["event"] == events.JOB_STARTED:
-                    begun = _instant(line["ts"])
+                    begun = instant(line["ts"])
                 elif line["event"] == events.JOB_FINISHED:
-                    ended = _instant(line["ts"])
+                    ended = instant(line["ts"])
         return (begun, ended) if begun is not None and ended is not None else None
 
 

@@ -18,34 +18,27 @@ ENVIRONMENT: dict[str, Any] = {
 # ``python`` is the environment's: run_tests puts ``$ENV/bin`` first on PATH.
 TEST_COMMAND = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_six.py"]
 
-# An off-by-one in six's Python 3 ``byte2int``: only ``test_byte2int`` notices.
-BREAK_PATCH = """diff --git a/six.py b/six.py
+
+def byte2int_patch(old: int, new: int) -> str:
+    """A patch of six 1.17.0's Python 3 ``byte2int`` from ``itemgetter(old)`` to ``(new)``."""
+    return f"""diff --git a/six.py b/six.py
 --- a/six.py
 +++ b/six.py
 @@ -654,7 +654,7 @@ if PY3:
      import struct
      int2byte = struct.Struct(">B").pack
      del struct
--    byte2int = operator.itemgetter(0)
-+    byte2int = operator.itemgetter(1)
+-    byte2int = operator.itemgetter({old})
++    byte2int = operator.itemgetter({new})
      indexbytes = operator.getitem
      iterbytes = iter
      import io
 """
 
-FIX_PATCH = """diff --git a/six.py b/six.py
---- a/six.py
-+++ b/six.py
-@@ -654,7 +654,7 @@ if PY3:
-     import struct
-     int2byte = struct.Struct(">B").pack
-     del struct
--    byte2int = operator.itemgetter(1)
-+    byte2int = operator.itemgetter(0)
-     indexbytes = operator.getitem
-     iterbytes = iter
-     import io
-"""
+
+# An off-by-one in six's Python 3 ``byte2int``: only ``test_byte2int`` notices.
+BREAK_PATCH = byte2int_patch(0, 1)
+FIX_PATCH = byte2int_patch(1, 0)
 
 BROKEN_TEST = "test_six.py::test_byte2int"
 

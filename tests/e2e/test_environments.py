@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ops.demo.real_jobs import ENVIRONMENT, TEST_COMMAND
+from ops.demo.real_jobs import ENVIRONMENT, TEST_COMMAND, byte2int_patch
 from runner.core import keys
 from runner.core.settings import Settings
 from runner.jobs import events as job_events
@@ -39,19 +39,7 @@ BAD_SETUP = [["python3", "-m", "venv", "$ENV"], ["$ENV/bin/pip", "install", "-q"
 RUN_TESTS = [{"tool": "run_tests", "args": {}}]
 # six 1.17.0's byte2int, wrong on Python 3: test_byte2int fails (and only it). (Not
 # ensure_str: test_six.py's EnsureTests is no TestCase and pytest does not collect it.)
-BREAK_BYTE2INT = """diff --git a/six.py b/six.py
---- a/six.py
-+++ b/six.py
-@@ -654,7 +654,7 @@ if PY3:
-     import struct
-     int2byte = struct.Struct(">B").pack
-     del struct
--    byte2int = operator.itemgetter(0)
-+    byte2int = operator.itemgetter(-1)
-     indexbytes = operator.getitem
-     iterbytes = iter
-     import io
-"""
+BREAK_BYTE2INT = byte2int_patch(0, -1)
 RESULT_TIMEOUT_S = 240.0
 
 

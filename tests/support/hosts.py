@@ -36,11 +36,9 @@ import redis
 from ops.testing.stack import free_port
 from runner.core.poll import PollTimeout, poll_until
 from runner.core.settings import Settings
-from runner.jobs.models import JobResult
-from runner.jobs.submit import wait_for
 from tests.support.netns import Address, Network
 from tests.support.repos import make_repo
-from tests.support.stack import FAST, GATE, UNACKED_RESTORE_S, wait_until
+from tests.support.stack import FAST, UNACKED_RESTORE_S, GatedJobs, wait_until
 from tests.support.toolserver import child_env
 from tools.server.guard import TOKEN_HEADER
 
@@ -277,7 +275,7 @@ class Host:
         return self.settings.slots_dir / slot_id / "work"
 
 
-class Cluster:
+class Cluster(GatedJobs):
     """Hosts ``a``, ``b``, ... sharing one Redis (``redis_url``) and one job queue."""
 
     def __init__(
@@ -339,28 +337,7 @@ class Cluster:
         for host in self:
             host.wait_healthy()
 
-    # -- jobs -----------------------------------------------------------------------
-
-    def spec(self, job_id: str, steps: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {
-            "job_id": job_id,
-            "repo": str(self.repo),
-            "base": self.base,
-            "test_command": [sys.executable, "-c", GATE],
-            "planner": {"kind": "scripted", "steps": steps},
-            **extra,
-        }
-
-    def submit(self, job_id: str, steps: list[dict[str, Any]], **extra: Any) -> str:
-        from runner.jobs.submit import submit
-
-        submit(self.app, self.redis, self.spec(job_id, steps, **extra))
-        return job_id
-
-    def result(self, job_id: str, timeout_s: float = 60.0) -> JobResult:
-        found = wait_for(self.redis, [job_id], timeout_s, poll_s=0.05).get(job_id)
-        assert found is not None, f"no result for {job_id}:\n" + self.tails()
-        return found
+    # -- the logs -------------------------------------------------------------------
 
     def events(self, event: str | None = None, **match: Any) -> list[dict[str, Any]]:
         """Every host's records, merged by time."""

@@ -64,7 +64,42 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout_s: float = 40.0
         raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}") from None
 
 
-class Stack:
+class GatedJobs:
+    """Scripted jobs on ``repo`` at ``base`` whose test command is the gate, submitted
+    through ``app`` and ``redis`` and awaited (for :class:`Stack` and the several-hosts
+    cluster of ``tests/support/hosts.py``)."""
+
+    repo: Path
+    base: str
+    app: Any
+    redis: redis.Redis
+
+    def tails(self) -> str:
+        raise NotImplementedError
+
+    def spec(self, job_id: str, steps: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "job_id": job_id,
+            "repo": str(self.repo),
+            "base": self.base,
+            "test_command": [sys.executable, "-c", GATE],
+            "planner": {"kind": "scripted", "steps": steps},
+            **extra,
+        }
+
+    def submit(self, job_id: str, steps: list[dict[str, Any]], **extra: Any) -> str:
+        from runner.jobs.submit import submit
+
+        submit(self.app, self.redis, self.spec(job_id, steps, **extra))
+        return job_id
+
+    def result(self, job_id: str, timeout_s: float = 60.0) -> JobResult:
+        found = wait_for(self.redis, [job_id], timeout_s, poll_s=0.05).get(job_id)
+        assert found is not None, f"no result for {job_id}:\n" + self.tails()
+        return found
+
+
+class Stack(GatedJobs):
     """A tool server and some Celery workers serving one test's home.
 
     Workers are ``slotrunner worker``; given ``unacked_restore_s``, the test worker
@@ -112,29 +147,6 @@ class Stack:
             child.stop()
         self.server.stop()
         self.redis.close()
-
-    # -- jobs -------------------------------------------------------------------
-
-    def spec(self, job_id: str, steps: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {
-            "job_id": job_id,
-            "repo": str(self.repo),
-            "base": self.base,
-            "test_command": [sys.executable, "-c", GATE],
-            "planner": {"kind": "scripted", "steps": steps},
-            **extra,
-        }
-
-    def submit(self, job_id: str, steps: list[dict[str, Any]], **extra: Any) -> str:
-        from runner.jobs.submit import submit
-
-        submit(self.app, self.redis, self.spec(job_id, steps, **extra))
-        return job_id
-
-    def result(self, job_id: str, timeout_s: float = 60.0) -> JobResult:
-        found = wait_for(self.redis, [job_id], timeout_s, poll_s=0.05).get(job_id)
-        assert found is not None, f"no result for {job_id}:\n" + self.tails()
-        return found
 
     def tails(self) -> str:
         return "\n".join(f"--- {c.name}\n{c.tail()}" for c in self.workers)

@@ -33,7 +33,7 @@ from ops.testing.chaos import plan as cp
 from ops.testing.chaos.expect import ExpectError, expected_tree
 from ops.testing.chaos.faults import Injector
 from ops.testing.chaos.report import ChaosReport, write_report
-from ops.testing.chaos.stack import DEAD, VISIBILITY_S, ChaosHost, ChaosStack, wait_until
+from ops.testing.chaos.stack import DEAD, VISIBILITY_S, ChaosStack, wait_until
 from ops.testing.stack import StackError
 from runner.core.git import git_text, run_git
 from runner.core.poll import PollTimeout, poll_until
@@ -254,10 +254,11 @@ def _report(
     )
     notes += [f"worker restarted after it exited: {why}" for why in stack.worker_restarts]
     if len(stack.hosts) > 1:
-        host_checks = _host_checks(stack, injector, results, events, verify, detect, env)
-        per_host = [_host_row(h, injector) for h in stack.hosts]
+        host_checks = hostchecks.host_checks(stack, injector, results, events, verify, detect, env)
+        per_host = [hostchecks.host_row(h, injector) for h in stack.hosts]
     else:
-        host_checks, per_host = _one_host_checks(stack, injector, events), []
+        fsync_slots = {slot for _, slot in injector.fsync_slots}
+        host_checks, per_host = checks.slot_checks(stack.settings, events, fsync_slots), []
     return ChaosReport(
         seed=config.seed,
         jobs=len(plan.jobs),
@@ -292,85 +293,6 @@ def _report(
         notes=notes,
         hosts=per_host,
     )
-
-
-def _one_host_checks(
-    stack: ChaosStack, injector: Injector, events: list[dict[str, Any]]
-) -> list[checks.Check]:
-    """The slot checks on one host, in the report's order."""
-    settings = stack.settings
-    slots = {slot for _, slot in injector.fsync_slots}
-    return [
-        checks.slots_settled(settings),
-        checks.worktrees(settings),
-        checks.poisoned_stay_out(settings, events, slots),
-        checks.generations_grow(events, settings),
-    ]
-
-
-def _host_checks(
-    stack: ChaosStack,
-    injector: Injector,
-    results: Mapping[str, JobResult],
-    events: list[dict[str, Any]],
-    verify: checks.Check,
-    detect: checks.Check,
-    env: Mapping[str, str],
-) -> list[checks.Check]:
-    """The slot checks host by host, joined; then each log alone through ``ops verify``
-    and ``ops detect``, their agreement with all logs at once, and the host faults'."""
-    per: dict[str, dict[str, checks.Check]] = {}
-    for host in stack.hosts:
-        own = host.log.poll()
-        slots = {slot for name, slot in injector.fsync_slots if name == host.name}
-        settled = (
-            hostchecks.dead_host_slots(host.settings, results)
-            if host.state == DEAD
-            else checks.slots_settled(host.settings)
-        )
-        found = [
-            settled,
-            checks.worktrees(host.settings),
-            checks.poisoned_stay_out(host.settings, own, slots),
-            checks.generations_grow(own, host.settings),
-        ]
-        for check in found:
-            per.setdefault(check.name, {})[host.name] = check
-    alone = {
-        which: [
-            checks.ops_tool(which, h.settings.log_path, env, f"ops_{which}@{h.name}")
-            for h in stack.hosts
-        ]
-        for which in ("verify", "detect")
-    }
-    return [
-        *(hostchecks.joined(name, by_host) for name, by_host in per.items()),
-        *alone["verify"],
-        *alone["detect"],
-        hostchecks.logs_agree(verify, alone["verify"]),
-        hostchecks.logs_agree(detect, alone["detect"]),
-        hostchecks.restarts_settle_first(stack.hosts),
-        hostchecks.frozen_never_commit(events, injector.host_faults.freezes),
-    ]
-
-
-def _host_row(host: ChaosHost, injector: Injector) -> dict[str, Any]:
-    """What one host did, for the report's table of hosts."""
-    log = host.log.poll()
-    hit = Counter(f.kind for f in injector.fired if f.host == host.name and not f.skipped)
-    return {
-        "host": host.name,
-        "home": str(host.home),
-        "state": host.state,
-        "attempts_started": sum(1 for e in log if e.get("event") == "job_started"),
-        "results_committed": sum(
-            1 for e in log if e.get("event") == "job_finished" and e.get("committed")
-        ),
-        "leases": sum(1 for e in log if e.get("event") == "slot_leased"),
-        "faults": dict(hit),
-        "toolserver_restarts": len(host.restarts),
-        "worker_restarts": len(host.worker_restarts),
-    }
 
 
 def _spec(job: cp.JobPlan, repo: Path, base: str, seed: int) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 from ops.testing.chaos.plan import ORPHAN_MARK
 from runner.core.git import run_git, stderr_of
 from runner.core.settings import Settings
-from runner.core.stamp import SlotState, StampError, read_stamp
+from runner.core.stamp import SlotState, Stamp, StampError, read_stamp
 from runner.jobs.models import JobResult
 
 STALE_REASONS = frozenset({"stale_generation", "slot_job_mismatch", "lease_expired"})
@@ -117,21 +117,47 @@ def attempts_never_repeat(events: list[dict[str, Any]]) -> Check:
     return Check("attempts_never_repeat", not repeated, detail, {"repeated": repeated})
 
 
-def slots_settled(settings: Settings) -> Check:
-    """Every slot is idle, or poisoned with a reason; none still leased."""
+def read_slots(settings: Settings) -> tuple[dict[str, Stamp], dict[str, str], dict[str, str]]:
+    """Each stamped slot's stamp, every slot's state as the checks print it ("never
+    stamped", "<state>@<generation>"), and the slots whose stamp cannot be read."""
+    stamps: dict[str, Stamp] = {}
     states: dict[str, str] = {}
-    bad: dict[str, str] = {}
+    unreadable: dict[str, str] = {}
     for n in range(settings.slots):
         slot_id = f"S{n}"
         try:
             stamp = read_stamp(settings.slots_dir / slot_id)
         except StampError as exc:
-            bad[slot_id] = str(exc)
+            unreadable[slot_id] = str(exc)
             continue
         if stamp is None:
             states[slot_id] = "never stamped"
             continue
+        stamps[slot_id] = stamp
         states[slot_id] = f"{stamp.state}@{stamp.generation}"
+    return stamps, states, unreadable
+
+
+def slot_checks(
+    settings: Settings,
+    events: list[dict[str, Any]],
+    fsync_slots: set[str],
+    settled: Check | None = None,
+) -> list[Check]:
+    """The slot checks on one host, in the report's order (``settled``: the first, when
+    the host's own rule differs, as for a host dead for good)."""
+    return [
+        settled if settled is not None else slots_settled(settings),
+        worktrees(settings),
+        poisoned_stay_out(settings, events, fsync_slots),
+        generations_grow(events, settings),
+    ]
+
+
+def slots_settled(settings: Settings) -> Check:
+    """Every slot is idle, or poisoned with a reason; none still leased."""
+    stamps, states, bad = read_slots(settings)
+    for slot_id, stamp in stamps.items():
         if stamp.state == SlotState.POISONED and stamp.reason:
             states[slot_id] += f" ({stamp.reason})"
         elif stamp.state != SlotState.IDLE:

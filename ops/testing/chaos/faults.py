@@ -41,7 +41,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -49,6 +48,7 @@ from typing import Any
 
 from ops.testing.chaos import plan as cp
 from ops.testing.chaos.hostfaults import GATE_WAIT_S, HostFaults
+from ops.testing.chaos.kinds import Fired
 from ops.testing.chaos.replay import Replayed, replay_step
 from ops.testing.chaos.stack import ChaosHost, ChaosStack, wait_until
 from ops.testing.fault_proxy import Call, Fault, Rule
@@ -67,23 +67,6 @@ _RULE_FAULT: dict[str, Fault] = {
     cp.HTTP_429: "status_429",
     cp.LOSE_RESPONSE: "lose_response",
 }
-
-
-@dataclass
-class Fired:
-    fault_id: int
-    kind: str
-    job_id: str
-    step: int
-    tool: str
-    at_s: float  # since the campaign started
-    attempt: int | None = None
-    detail: str = ""
-    skipped: bool = False  # met, but not injected (the detail says why)
-    host: str | None = None  # on several hosts: the host it hit
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "host" or v is not None}
 
 
 class Injector:

@@ -22,12 +22,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ops.testing.chaos import checks
 from ops.testing.chaos.checks import Check
+from ops.testing.chaos.faults import Injector
 from ops.testing.chaos.hostfaults import Frozen
-from ops.testing.chaos.stack import ChaosHost
+from ops.testing.chaos.stack import DEAD, ChaosHost, ChaosStack
 from runner.core import events as ev
 from runner.core.settings import Settings
-from runner.core.stamp import SlotState, StampError, read_stamp
+from runner.core.stamp import SlotState
 from runner.jobs.models import JobResult
 
 _SLOT_EVENTS = (ev.SLOT_LEASED, ev.SLOT_RECLAIMED, ev.SLOT_POISONED)
@@ -43,19 +45,8 @@ def joined(name: str, per_host: Mapping[str, Check]) -> Check:
 def dead_host_slots(settings: Settings, results: Mapping[str, JobResult]) -> Check:
     """On a host dead for good: every slot is idle, poisoned, or leased by a job that
     has its result (committed by another host)."""
-    states: dict[str, str] = {}
-    bad: dict[str, str] = {}
-    for n in range(settings.slots):
-        slot_id = f"S{n}"
-        try:
-            stamp = read_stamp(settings.slots_dir / slot_id)
-        except StampError as exc:
-            bad[slot_id] = str(exc)
-            continue
-        if stamp is None:
-            states[slot_id] = "never stamped"
-            continue
-        states[slot_id] = f"{stamp.state}@{stamp.generation}"
+    stamps, states, bad = checks.read_slots(settings)
+    for slot_id, stamp in stamps.items():
         if stamp.state in (SlotState.IDLE, SlotState.POISONED):
             continue
         states[slot_id] += f" by {stamp.job_id} (host dead)"
@@ -153,3 +144,62 @@ def logs_agree(merged: Check, alone: Sequence[Check]) -> Check:
     same = together == summed
     detail += "; each alone, summed: " + ("the same" if same else str(summed))
     return Check(name, ok, detail, {"together": together, "alone": summed})
+
+
+def host_checks(
+    stack: ChaosStack,
+    injector: Injector,
+    results: Mapping[str, JobResult],
+    events: list[dict[str, Any]],
+    verify: checks.Check,
+    detect: checks.Check,
+    env: Mapping[str, str],
+) -> list[checks.Check]:
+    """The slot checks host by host, joined; then each log alone through ``ops verify``
+    and ``ops detect``, their agreement with all logs at once, and the host faults'."""
+    per: dict[str, dict[str, checks.Check]] = {}
+    for host in stack.hosts:
+        own = host.log.poll()
+        slots = {slot for name, slot in injector.fsync_slots if name == host.name}
+        settled = (
+            dead_host_slots(host.settings, results)
+            if host.state == DEAD
+            else checks.slots_settled(host.settings)
+        )
+        for check in checks.slot_checks(host.settings, own, slots, settled):
+            per.setdefault(check.name, {})[host.name] = check
+    alone = {
+        which: [
+            checks.ops_tool(which, h.settings.log_path, env, f"ops_{which}@{h.name}")
+            for h in stack.hosts
+        ]
+        for which in ("verify", "detect")
+    }
+    return [
+        *(joined(name, by_host) for name, by_host in per.items()),
+        *alone["verify"],
+        *alone["detect"],
+        logs_agree(verify, alone["verify"]),
+        logs_agree(detect, alone["detect"]),
+        restarts_settle_first(stack.hosts),
+        frozen_never_commit(events, injector.host_faults.freezes),
+    ]
+
+
+def host_row(host: ChaosHost, injector: Injector) -> dict[str, Any]:
+    """What one host did, for the report's table of hosts."""
+    log = host.log.poll()
+    hit = Counter(f.kind for f in injector.fired if f.host == host.name and not f.skipped)
+    return {
+        "host": host.name,
+        "home": str(host.home),
+        "state": host.state,
+        "attempts_started": sum(1 for e in log if e.get("event") == "job_started"),
+        "results_committed": sum(
+            1 for e in log if e.get("event") == "job_finished" and e.get("committed")
+        ),
+        "leases": sum(1 for e in log if e.get("event") == "slot_leased"),
+        "faults": dict(hit),
+        "toolserver_restarts": len(host.restarts),
+        "worker_restarts": len(host.worker_restarts),
+    }

@@ -95,3 +95,22 @@ class Plan:
     seed: int
     jobs: tuple[JobPlan, ...]
     faults: tuple[FaultPlan, ...]
+
+
+@dataclass
+class Fired:
+    """What one planned fault did in a run (the report's ``fired`` list)."""
+
+    fault_id: int
+    kind: str
+    job_id: str
+    step: int
+    tool: str
+    at_s: float  # since the campaign started
+    attempt: int | None = None
+    detail: str = ""
+    skipped: bool = False  # met, but not injected (the detail says why)
+    host: str | None = None  # on several hosts: the host it hit
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "host" or v is not None}
