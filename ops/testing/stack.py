@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from ops.errors import OpsError
+from ops.testing.listener import group_listens_on
 from runner.core.poll import PollTimeout, poll_until
 
 
@@ -116,15 +117,18 @@ def start_toolserver(
 
 
 def wait_http(child: Child, url: str, timeout_s: float) -> None:
+    """Until ``child`` answers ``url``: any answer below 500 (with a token, /healthz
+    answers 401) from a socket ``child`` itself listens on (ops/testing/listener.py)."""
+    port = httpx.URL(url).port
 
     def answered() -> bool:
         if not child.alive():
             raise StackError(f"{child.name} exited early:\n{child.tail()}")
         try:
-            # Any answer means it is up (with a token, /healthz answers 401).
-            return httpx.get(url, timeout=1.0).status_code < 500
+            up = httpx.get(url, timeout=1.0).status_code < 500
         except httpx.TransportError:
             return False
+        return up and (port is None or group_listens_on(child.pid, port))
 
     try:
         poll_until(answered, timeout_s, 0.1)

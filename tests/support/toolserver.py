@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ops.testing.faultplan import FaultPlan
-from ops.testing.stack import Child, free_port, stack_env, start_toolserver
+from ops.testing.stack import Child, StackError, free_port, stack_env, start_toolserver
 from runner.core.settings import Settings
 
 
@@ -34,14 +34,21 @@ class ToolServer:
         fence: bool = True,
         **extra_env: str,
     ) -> None:
-        self.port = free_port()
-        self.settings = settings.with_(toolserver_url=f"http://127.0.0.1:{self.port}")
         self.log_dir = log_dir
         self.extra_env = extra_env
         self.fence = fence
         self.faults = FaultPlan(log_dir.parent / "faults") if faults else None
         self.child: Child | None = None
-        self.start()
+        for tries_left in reversed(range(3)):
+            self.port = free_port()
+            self.settings = settings.with_(toolserver_url=f"http://127.0.0.1:{self.port}")
+            try:
+                self.start()
+                break
+            except StackError as exc:
+                # Another process of the suite was handed the same free port first.
+                if "address already in use" not in str(exc).lower() or not tries_left:
+                    raise
 
     @property
     def url(self) -> str:
