@@ -38,18 +38,30 @@ _EPOCH = re.compile(r"[0-9a-f]{1,64}")
 _WRITING = threading.Lock()
 
 
-def witness_path(home: Path, eval_run: str) -> Path:
+def witness_path(home: Path, eval_run: str, directory: str = WITNESS_DIR) -> Path:
     """``$SLOTRUNNER_HOME/admission/<hash>.json`` for ``eval_run``: always in that directory."""
     digest = hashlib.blake2b(eval_run.encode("utf-8", "surrogatepass"), digest_size=16)
-    return home / WITNESS_DIR / f"{digest.hexdigest()}.json"
+    return home / directory / f"{digest.hexdigest()}.json"
 
 
 class EpochWitness:
-    """The witness file of one eval-run on this host."""
+    """The witness file of one eval-run on this host.
 
-    def __init__(self, home: Path, eval_run: str, *, fsync: Fsync = os_fsync) -> None:
+    ``directory`` names another directory of the home for another record of the same
+    kind: the pool's attempt-number epoch (``runner/worker/liveness.py``) keeps its
+    witness in ``attempts-epoch/``, where no eval-run's name can collide with it.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        eval_run: str,
+        *,
+        directory: str = WITNESS_DIR,
+        fsync: Fsync = os_fsync,
+    ) -> None:
         self.eval_run = eval_run
-        self.path = witness_path(home, eval_run)
+        self.path = witness_path(home, eval_run, directory)
         self.fsync = fsync  # the seam a test fails the witness's writes through
 
     def read(self) -> str | None:

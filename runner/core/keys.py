@@ -32,6 +32,16 @@
                                                           is $SLOTRUNNER_HOME/attempts/<job_id>
                                                           (I5; runner/worker/attempt_floor.py), so a
                                                           Redis wipe never reissues a number
+                                                          on that host; across hosts the
+                                                          epoch below does it
+    slotrunner:attempts:epoch                     hash  id (random hex), born_ms (Redis's
+                                                          TIME), reborn ("1" when a claim
+                                                          brought evidence of an older epoch:
+                                                          Redis lost its data); a job without
+                                                          a counter in a reborn epoch starts
+                                                          at born_ms + 1, above every number
+                                                          any host issued before the loss
+                                                          (runner/worker/liveness.py)
     slotrunner:job:{job_id}:heartbeat             str   "{attempt}" of the running attempt,
                                                           PX = heartbeat TTL (a few seconds),
                                                           renewed ~1/s by its heartbeat
@@ -129,5 +139,6 @@ def gateway_credential(digest: str) -> str:
 
 
 JOBS = f"{PREFIX}:jobs"
+ATTEMPT_EPOCH = f"{PREFIX}:attempts:epoch"
 REJECTED = f"{PREFIX}:rejected"
 HOSTS = f"{PREFIX}:hosts"

@@ -19,8 +19,15 @@ lost the counter, and without the floor the next claim would issue attempt 1 aga
 while an older attempt still runs (I5). The claim holds the floor's lock across
 read -> script -> durable write of the new number, and a claim whose number cannot be
 made durable ends its heartbeat and raises :class:`AttemptFloorError` before any work.
-The floor is per host, like slot stamps: across hosts, uniqueness rests on the Redis
-counter plus each host's own floor.
+The floor is per host, like slot stamps. Across hosts, after a wipe, the pool's
+*attempt epoch* (``slotrunner:attempts:epoch``) does it: a claim that brings evidence
+of an older epoch (this host's witness file, ``runner/admission/witness.py``) marks
+the re-created epoch reborn, and in a reborn epoch a job without a counter starts
+above the epoch's birth on Redis's clock in ms: above every number any host issued
+before the loss, including a frozen or dead host no live host can ask
+(docs/architecture.md §Several hosts). The limit left: a host that never saw the old
+epoch, claiming first after a loss, creates the new one unmarked, and numbers it
+issues before any host with evidence claims are small again.
 The same lock covers the host's kept results (``runner.jobs.result_copy``): a claim that
 finds this host committed the job puts the result back into Redis if it was lost and
 reports the job finished, so a wipe never runs a finished job again here.
@@ -43,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +59,7 @@ from typing import Any
 
 import redis
 
+from runner.admission.witness import EpochMemory, EpochWitness
 from runner.core import keys
 from runner.core.logs import EventLog
 from runner.jobs import events as job_events
@@ -58,20 +67,43 @@ from runner.jobs import result_copy
 from runner.jobs.config import JobConfig
 from runner.worker.attempt_floor import AttemptFloor, AttemptFloorError
 
-# KEYS: attempt, heartbeat, result, jobs zset   ARGV: ttl_ms, job_id, now_epoch_s, floor
+# KEYS: attempt, heartbeat, result, jobs zset, epoch
+# ARGV: ttl_ms, job_id, now_epoch_s, floor, evidence, new_epoch
 # ``floor`` is the host's durable high-water attempt (0 without one): after a Redis
-# wipe the counter restarts above it, never at 1.
+# wipe the counter restarts above it, never at 1, on this host. ``evidence`` is an
+# epoch this host saw before ('' when none): when it is not the current one, Redis
+# lost its data since, the epoch is marked reborn, and a job without a counter starts
+# above the epoch's birth (Redis's clock, in ms), so above every number any host
+# issued before the loss, a dead or frozen host's too. ``new_epoch`` names the epoch
+# this call creates when there is none.
 # The submit time is recorded (NX) here for jobs enqueued by plain Celery, whose
 # deadline then counts from their first delivery.
 _CLAIM = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return {'finished', 0, ''} end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {'finished', 0, '', ''} end
+local epoch = redis.call('HGET', KEYS[5], 'id')
+if not epoch then
+  local now = redis.call('TIME')
+  local born = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local reborn = '0'
+  if ARGV[5] ~= '' then reborn = '1' end
+  redis.call('HSET', KEYS[5], 'id', ARGV[6], 'born_ms', string.format('%d', born),
+             'reborn', reborn)
+  epoch = ARGV[6]
+elseif ARGV[5] ~= '' and ARGV[5] ~= epoch then
+  redis.call('HSET', KEYS[5], 'reborn', '1')
+end
 local live = redis.call('GET', KEYS[2])
-if live then return {'live', tonumber(live), ''} end
-local attempt = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), tonumber(ARGV[4])) + 1
-redis.call('SET', KEYS[1], attempt)
-redis.call('SET', KEYS[2], attempt, 'PX', ARGV[1])
+if live then return {'live', tonumber(live), '', epoch} end
+local counter = redis.call('GET', KEYS[1])
+local base = 0
+if not counter and redis.call('HGET', KEYS[5], 'reborn') == '1' then
+  base = tonumber(redis.call('HGET', KEYS[5], 'born_ms'))
+end
+local attempt = math.max(tonumber(counter or '0'), tonumber(ARGV[4]), base) + 1
+redis.call('SET', KEYS[1], string.format('%d', attempt))
+redis.call('SET', KEYS[2], string.format('%d', attempt), 'PX', ARGV[1])
 redis.call('ZADD', KEYS[4], 'NX', ARGV[3], ARGV[2])
-return {'claimed', attempt, redis.call('ZSCORE', KEYS[4], ARGV[2])}
+return {'claimed', attempt, redis.call('ZSCORE', KEYS[4], ARGV[2]), epoch}
 """
 
 # KEYS: attempt, heartbeat   ARGV: attempt, ttl_ms
@@ -90,6 +122,10 @@ _END = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+# The pool's attempt epoch's witness: ``$SLOTRUNNER_HOME/attempts-epoch/<hash>.json``.
+EPOCH_NAME = "slotrunner attempt numbers"
+EPOCH_DIR = "attempts-epoch"
 
 SUPERSEDED = "superseded"
 CANCELLED = "cancelled"
@@ -134,6 +170,8 @@ class Liveness:
         self.clock = clock
         self.home = home
         self.floor = AttemptFloor(home, job_id) if home is not None else None
+        witness = EpochWitness(home, EPOCH_NAME, directory=EPOCH_DIR) if home else None
+        self.epochs = EpochMemory(witness)
         self._claim = client.register_script(_CLAIM)
         self._beat = client.register_script(_BEAT)
         self._end = client.register_script(_END)
@@ -153,6 +191,20 @@ class Liveness:
             if isinstance(state, Claimed):
                 self._record(self.floor, state.attempt)
             return state
+
+    def _witness(self, epoch: str, state: Claimed | Live | Finished) -> None:
+        """Remember the pool's attempt epoch on this host; a claim whose epoch cannot be
+        made durable is given up before any work (a process started after the next
+        Redis loss would not know there was one, and could reissue a number)."""
+        if not epoch or self.epochs.saw(epoch) or not isinstance(state, Claimed):
+            return
+        assert self.epochs.witness is not None
+        with contextlib.suppress(redis.RedisError):
+            self.end(state.attempt)
+        raise AttemptFloorError(
+            f"job {self.job_id}: attempt {state.attempt} was not started because the "
+            f"pool's attempt epoch could not be made durable in {self.epochs.witness.path}"
+        )
 
     def _kept_result(self) -> bool:
         """True when this host committed the job's result (put back into Redis if lost)."""
@@ -182,20 +234,32 @@ class Liveness:
             ) from exc
 
     def _run_claim(self, floor: int) -> Claimed | Live | Finished:
-        kind, attempt, submitted = self._claim(
+        kind, attempt, submitted, epoch = self._claim(
             keys=[
                 keys.job_attempt(self.job_id),
                 keys.job_heartbeat(self.job_id),
                 keys.job_result(self.job_id),
                 keys.JOBS,
+                keys.ATTEMPT_EPOCH,
             ],
-            args=[self.ttl_ms, self.job_id, repr(self.clock()), floor],
+            args=[
+                self.ttl_ms,
+                self.job_id,
+                repr(self.clock()),
+                floor,
+                self.epochs.evidence(),
+                uuid.uuid4().hex,
+            ],
         )
+        state: Claimed | Live | Finished
         if kind == "finished":
-            return Finished()
-        if kind == "live":
-            return Live(int(attempt))
-        return Claimed(int(attempt), float(submitted))
+            state = Finished()
+        elif kind == "live":
+            state = Live(int(attempt))
+        else:
+            state = Claimed(int(attempt), float(submitted))
+        self._witness(epoch.decode() if isinstance(epoch, bytes) else str(epoch or ""), state)
+        return state
 
     def beat(self, attempt: int) -> bool:
         """Renew the heartbeat; False once ``attempt`` is no longer the current one."""

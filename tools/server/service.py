@@ -305,7 +305,19 @@ class ToolService:
         if current is None:
             return  # never leased: there is no lease to take away
         poisoned = current.model_copy(update={"state": SlotState.POISONED, "reason": reason})
-        write_stamp(slot_dir, poisoned, fsync=self.fsync)
+        try:
+            write_stamp(slot_dir, poisoned, fsync=self.fsync)
+        except OSError:
+            # Not durable, but written: the page cache outlives this process, so a
+            # server restarted before the next call still finds the slot poisoned
+            # (only a lost host forgets it, and a lost host's slots are settled anew).
+            with contextlib.suppress(OSError):
+                write_stamp(slot_dir, poisoned, fsync=_no_fsync)
+            raise
+
+
+def _no_fsync(fd: int, directory: str) -> None:
+    """The fsync of a write that is kept even though the disk refused to make it durable."""
 
 
 def _read(

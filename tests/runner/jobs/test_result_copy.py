@@ -80,7 +80,7 @@ def test_without_the_copy_the_wiped_job_would_run_again(
     _run_once(client, settings, home=None)
     server.restart(wipe=True)
     again = Liveness(client, JOB, JobConfig(), home=settings.home).claim()
-    assert isinstance(again, Claimed) and again.attempt == 2
+    assert isinstance(again, Claimed) and again.attempt > 1  # above the lost attempt 1
 
 
 def test_republish_never_overwrites_a_result_in_redis(

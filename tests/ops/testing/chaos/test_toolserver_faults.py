@@ -105,8 +105,9 @@ def test_failed_fsync_is_outcome_unknown_and_poisons_the_slot(
     settings: Settings, tmp_path: Path
 ) -> None:
     """EIO on the receipt fsync: a JSON outcome_unknown (never a bare 500) even when the
-    stamp cannot be written either; the next mutating call poisons the slot and is
-    refused before any effect, and so is every one after it."""
+    stamp cannot be made durable either; the stamp is written all the same, so the next
+    mutating call, after a server restart too, is refused before any effect, and so is
+    every one after it."""
     toolserver = ToolServer(settings, tmp_path / "logs", faults=True)
     faults = toolserver.faults
     assert faults is not None
@@ -128,6 +129,11 @@ def _poisoned_by_a_failed_fsync(toolserver: ToolServer, faults: FaultPlan, tmp_p
     faults.disarm_fsync_eio(slot_dir)
     assert first.status_code == 500 and first.json()["error"] == "outcome_unknown"
     assert "could not be written either" in first.json()["message"]
+    # Written all the same, though not durably: a server restarted now still knows.
+    marked = read_stamp(slot_dir)
+    assert marked is not None and marked.state == SlotState.POISONED
+    toolserver.stop()
+    toolserver.start()
     second = httpx.post(url, json=body, timeout=30)
     assert second.status_code == 409 and second.json()["error"] == "slot_poisoned"
     assert not (slot_dir / "work" / "c.txt").exists()
