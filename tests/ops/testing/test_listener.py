@@ -59,7 +59,7 @@ def test_a_server_whose_port_is_taken_is_not_taken_for_up(
     _, port = stranger
     env = child_env(settings, SLOTRUNNER_TOOLSERVER_URL=f"http://127.0.0.1:{port}")
     with pytest.raises(StackError, match=r"(?i)address already in use"):
-        start_toolserver(env, port, tmp_path / "logs")
+        start_toolserver(env, port, tmp_path / "logs").stop()  # stopped if it wrongly came up
 
 
 def test_the_test_tool_server_takes_another_port_when_its_own_was_taken(
