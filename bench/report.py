@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 _KNOWN = {"p50_ms": "p50 ms", "p99_ms": "p99 ms", "ops_per_s": "{unit}"}
@@ -76,6 +77,46 @@ def _figure_rows(fig: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _curve_of(fig: dict[str, Any]) -> str | None:
+    """A figure named ``<curve>@<point>`` (``capacity.calls@C=4``) is one point of a curve."""
+    curve, at, _ = fig["name"].partition("@")
+    return curve if at else None
+
+
+def _curve_rows(points: list[dict[str, Any]]) -> list[str]:
+    """A curve's points as one table, a row per arm per point; the ratio on the subject's."""
+    first = points[0]
+    keys: list[str] = []
+    for fig in points:
+        for side in (fig.get("subject"), fig.get("baseline")):
+            keys += [k for k in side or {} if k not in keys and k not in _SKIP]
+    heads = [_KNOWN.get(k, k).format(unit=first["unit"]) for k in keys]
+    lines = [first["what"], "", f"- subject: {first['subject_label']}"]
+    if any(fig.get("baseline") for fig in points):
+        lines.append(f"- baseline: {first['baseline_label']}")
+    lines += [
+        "",
+        "| point | arm | " + " | ".join(heads) + " | ratio |",
+        "|---|---|" + "---:|" * (len(keys) + 1),
+    ]
+    for fig in points:
+        point = fig["name"].partition("@")[2]
+        spread = fig.get("spread")
+        ratio = _num(fig.get("ratio")) + (
+            f" ({_num(spread[0])} .. {_num(spread[1])})" if spread else ""
+        )
+        for arm, side in (("subject", fig.get("subject")), ("baseline", fig.get("baseline"))):
+            if side is not None:
+                cells = [_num(side.get(k)) for k in keys]
+                lines.append(f"| {point} | {arm} | " + " | ".join(cells) + f" | {ratio} |")
+                ratio = ""  # the pair's ratio, once
+    paired = any(fig.get("spread") for fig in points)
+    pairs = " (in brackets: the smallest and largest pair)" if paired else ""
+    lines += ["", f"- ratio: {first['ratio_means']}{pairs}"]
+    lines += [f"- {fig['name']}: {fig['note']}" for fig in points if fig.get("note")]
+    return [*lines, ""]
+
+
 def render(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     out = [
@@ -126,9 +167,13 @@ def render(doc: dict[str, Any]) -> str:
             out += [res["about"].strip(), ""]
         if res.get("error"):
             out += [f"**Error, nothing measured:** `{res['error']}`", ""]
-        for fig in res["figures"]:
-            out += [f"### {fig['name']}", "", fig["what"], ""]
-            out += _figure_rows(fig)
+        for curve, group in itertools.groupby(res["figures"], key=_curve_of):
+            if curve is not None:
+                out += [f"### {curve}", "", *_curve_rows(list(group))]
+                continue
+            for fig in group:
+                out += [f"### {fig['name']}", "", fig["what"], ""]
+                out += _figure_rows(fig)
         for note in res.get("notes", []):
             out.append(f"- {note}")
         out += ["", f"(took {res['duration_s']} s)", ""]

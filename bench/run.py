@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    capacity,
     detector,
     e2e,
     envs,
@@ -52,6 +53,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "e2e": e2e.run,
     "envs": envs.run,
     "sandbox": sandbox_start.run,
+    "capacity": capacity.run,
     "memory": memory.run,  # last: it reports what the others observed
 }
 # memory reports peaks observed during these runs; naming it alone runs them too.
