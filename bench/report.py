@@ -35,6 +35,31 @@ def _verdict(met: bool | None) -> str:
     return "**met**" if met else "**not met**"
 
 
+def _beside_floor(fig: dict[str, Any]) -> str:
+    """What follows a goal's verdict when the figure has a floor (bench.stats.Floor)."""
+    floor = fig.get("floor")
+    if not floor:
+        return ""
+    within = "yes" if floor["within"] else "no"
+    return (
+        f"; floor {_num(floor['value'])} measured, figure at {_num(floor['ratio'])}x of the "
+        f"floor (within {_num(floor['bound'])}x: {within})"
+    )
+
+
+def _floor_rows(floor: dict[str, Any]) -> list[str]:
+    spread = floor.get("spread")
+    extra = f" (pairs: {_num(spread[0])} .. {_num(spread[1])})" if spread else ""
+    lines = [
+        f"- floor {floor['name']}, {floor['what']}: **{_num(floor['value'])}** on the goal's "
+        f"scale; figure at **{_num(floor['ratio'])}x**{extra} of it: {floor['ratio_means']}; "
+        f"within {_num(floor['bound'])}x of the floor: **{'yes' if floor['within'] else 'no'}**"
+    ]
+    if floor.get("note"):
+        lines.append(f"- {floor['note']}")
+    return lines
+
+
 def _figure_rows(fig: dict[str, Any]) -> list[str]:
     subject, baseline = fig.get("subject"), fig.get("baseline")
     if subject is None and baseline is None:
@@ -67,10 +92,12 @@ def _figure_rows(fig: dict[str, Any]) -> list[str]:
         value = fig.get("value")
         lines.append(
             f"- goal {fig['goal']['text']}: {fig['value_means']} = **{_num(value)}** "
-            f"-> {_verdict(fig.get('met'))}"
+            f"-> {_verdict(fig.get('met'))}{_beside_floor(fig)}"
         )
     elif fig.get("value") is not None and fig.get("value_means") != fig["ratio_means"]:
         lines.append(f"- {fig['value_means']} = **{_num(fig['value'])}** (no goal)")
+    if fig.get("floor"):
+        lines += _floor_rows(fig["floor"])
     if fig.get("note"):
         lines.append(f"- {fig['note']}")
     lines.append("")
@@ -157,6 +184,7 @@ def render(doc: dict[str, Any]) -> str:
                 continue
             value = fig.get("value")
             verdict = _verdict(fig.get("met")) if value is not None else "**not measured**"
+            verdict += _beside_floor(fig) if value is not None else ""
             out.append(
                 f"| {name} | {fig['name']} | {fig['goal']['text']} | {_num(value)} | {verdict} |"
             )

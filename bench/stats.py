@@ -126,12 +126,61 @@ class Goal:
         return value > self.threshold
 
 
+FLOOR_BOUND = 1.2  # issue #17: a goal out of reach leaves its figure within 1.2x of the floor
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The best this machine does at a figure's work, measured in the same run.
+
+    A goal can be out of reach on a machine whatever the code does (two fsyncs cost
+    what they cost); the floor is the least that work can cost here, so a reader sees
+    whether the goal is reachable at all and how far the figure sits from what is.
+    ``value`` is the floor on the goal's own scale (the floor arm against the figure's
+    baseline); ``ratio`` is the figure's subject against the floor arm itself, the
+    median over repetition pairs: a cost ratio (> 1: slower than the floor) unless
+    ``higher_is_better``, then a rate ratio (< 1: slower than the floor).
+    """
+
+    name: str
+    what: str
+    value: float
+    ratio: float
+    ratio_means: str
+    higher_is_better: bool = False
+    spread: tuple[float, float] | None = None
+    note: str | None = None
+    bound: float = FLOOR_BOUND
+
+    @property
+    def within(self) -> bool:
+        """The figure sits within ``bound`` times of the floor (faster than it counts too)."""
+        if self.higher_is_better:
+            return self.ratio * self.bound >= 1.0
+        return self.ratio <= self.bound
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "what": self.what,
+            "value": round(self.value, 4),
+            "ratio": round(self.ratio, 4),
+            "ratio_means": self.ratio_means,
+            "higher_is_better": self.higher_is_better,
+            "spread": None if self.spread is None else [round(v, 4) for v in self.spread],
+            "bound": self.bound,
+            "within": self.within,
+            "note": self.note,
+        }
+
+
 @dataclass
 class Figure:
     """One reported number: subject against baseline, the ratio, and the goal if any.
 
     ``value`` is what the goal judges; it is the ratio unless the goal is stated on
     another quantity (an overhead share, an absolute size). ``None`` means not measured.
+    ``floor``, when set, is the least the work costs on this machine (:class:`Floor`).
     """
 
     name: str
@@ -148,6 +197,7 @@ class Figure:
     value: float | None = None
     value_means: str | None = None
     note: str | None = None
+    floor: Floor | None = None
 
     @property
     def judged(self) -> float | None:
@@ -182,7 +232,36 @@ class Figure:
             "value_means": self.value_means or self.ratio_means,
             "met": self.met,
             "note": self.note,
+            "floor": None if self.floor is None else self.floor.to_json(),
         }
+
+
+def floor_figure(
+    name: str,
+    what: str,
+    labels: tuple[str, str],
+    unit: str,
+    sides: tuple[dict[str, float], dict[str, float]],
+    ratio: tuple[float, float, float],
+    ratio_means: str,
+    note: str | None = None,
+) -> Figure:
+    """A floor shown as a figure of its own (no goal): its arm against a baseline's,
+    ``labels`` and ``sides`` (summaries) in that order, ``ratio`` as :func:`paired` gives it."""
+    (subject_label, baseline_label), (subject, baseline) = labels, sides
+    return Figure(
+        name,
+        what,
+        subject_label,
+        baseline_label,
+        unit,
+        subject,
+        baseline,
+        ratio[0],
+        ratio_means,
+        spread=ratio[1:],
+        note=note,
+    )
 
 
 def not_measured(name: str, what: str, why: str, goal: Goal | None = None) -> Figure:
