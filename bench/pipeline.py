@@ -13,6 +13,14 @@ A third arm, reported without a goal, splits the cost: the same call straight in
 ``ToolService.call`` in the benchmark's own process (hook, slot lock, receipts, the
 write; no HTTP, no client, no log line) against the same baseline.
 
+Floors (``bench.pipeline_floors``), interleaved with the arms above: the two-fsync
+HTTP floor (the baseline's POST + two receipt-sized appends and fsyncs) and the effect
+floor (the same + the write's own system calls between the two records); the subject
+is set against the effect floor. Five more arms, in the same rotation, make the
+breakdown of where a call's time goes (the last note): GET /healthz on the no-op
+server and on the tool server, read_file and write_file by a bare httpx client to the
+tool server, and the subject.
+
 Goal: the subject costs at most 1.5x the baseline per call.
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +36,19 @@ import httpx
 
 from bench.fixtures import Context, lease_slot, make_repo, noop_server, settings_for, toolserver
 from bench.machine import vm_hwm_mb
-from bench.stats import BenchResult, Figure, Goal, Run, cost_ratio, interleave, summarize, timed
+from bench.pipeline_floors import DiskFloor, breakdown, receipt_lines, write_file_floor
+from bench.stats import (
+    BenchResult,
+    Figure,
+    Goal,
+    Run,
+    cost_ratio,
+    floor_figure,
+    interleave,
+    summarize,
+    timed,
+)
+from runner.workspace.tree import WORK_DIR
 from tools.client import ToolClient
 from tools.envelope import Envelope
 from tools.server.service import ToolService
@@ -54,19 +75,25 @@ def run(ctx: Context) -> BenchResult:
         stack.callback(client.close)
         bare = httpx.Client(base_url=noop_url, timeout=30, transport=httpx.HTTPTransport(retries=0))
         stack.callback(bare.close)
+        direct = httpx.Client(
+            base_url=settings.toolserver_url, timeout=30, transport=httpx.HTTPTransport(retries=0)
+        )
+        stack.callback(direct.close)
         fd = os.open(work / "baseline.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         stack.callback(os.close, fd)
+        floor_fd = os.open(work / "floor.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        stack.callback(os.close, floor_fd)
 
         calls = 0
 
-        def envelope(key: str) -> Envelope:
+        def envelope(key: str | None, tool: str = "write_file") -> Envelope:
             assert stamp.job_id is not None and stamp.attempt is not None
             return Envelope(
                 job_id=stamp.job_id,
                 attempt=stamp.attempt,
                 slot_id=stamp.slot_id,
                 generation=stamp.generation,
-                tool="write_file",
+                tool=tool,
                 idempotency_key=key,
             )
 
@@ -80,19 +107,55 @@ def run(ctx: Context) -> BenchResult:
             if response.replayed or (response.receipt or {}).get("status") != "applied":
                 raise RuntimeError(f"write_file did not apply: {response}")
 
-        def baseline_call(i: int) -> None:
+        def noop_post(i: int) -> httpx.Response:
             nonlocal calls
             calls += 1
             body = {"envelope": envelope(f"bench-noop:{calls}").model_dump(), "args": args(i)}
             response = bare.post("/v1/tools/write_file", json=body)
             response.raise_for_status()
-            line = (response.text + "\n").encode()
+            return response
+
+        def baseline_call(i: int) -> None:
+            line = (noop_post(i).text + "\n").encode()
             os.write(fd, line)
             os.fsync(fd)
 
-        # Warm both sides: connections, imports, the receipt file and the log file exist.
-        timed(10, subject_call)
+        def direct_call(tool: str, key: str | None, tool_args: dict[str, Any]) -> None:
+            body = {"envelope": envelope(key, tool).model_dump(), "args": tool_args}
+            response = direct.post(f"/v1/tools/{tool}", json=body)
+            if response.status_code != 200:
+                raise RuntimeError(f"bare {tool} answered {response.status_code}: {response.text}")
+
+        def write_bare(i: int) -> None:
+            nonlocal calls
+            calls += 1
+            direct_call("write_file", f"bench-direct:{calls}", args(i))
+
+        def read_bare(i: int) -> None:
+            direct_call("read_file", None, {"path": args(i)["path"]})
+
+        def healthz(client: httpx.Client) -> None:
+            client.get("/healthz").raise_for_status()
+
+        # Warm both sides: connections, imports, the receipt file and the log file exist;
+        # every target file exists, so each write replaces one (as the floor's does).
+        timed(16, subject_call)
         timed(10, baseline_call)
+        for call in (write_bare, read_bare, lambda _: healthz(direct), lambda _: healthz(bare)):
+            timed(10, call)
+        intent, outcome = receipt_lines(Path(slot_dir))
+        tree = Path(slot_dir) / WORK_DIR
+        disk = DiskFloor(floor_fd, intent, outcome, tree, "bench", CONTENT.encode())
+        for i in range(16):  # the floor's own targets, beside the subject's
+            (disk.work / "bench" / f"floor_{i}.py").write_bytes(disk.data)
+
+        def floor_two_fsync(i: int) -> None:
+            noop_post(i)
+            disk.records()
+
+        def floor_effect(i: int) -> None:
+            noop_post(i)
+            disk.records_and_effect(f"floor_{i % 16}.py")
 
         service = ToolService(settings)
 
@@ -106,15 +169,22 @@ def run(ctx: Context) -> BenchResult:
 
         timed(10, service_call)
 
-        def subject(_: int) -> Run:
-            return timed(n, subject_call)
-
-        def baseline(_: int) -> Run:
-            return timed(n, baseline_call)
+        def arm(op: Callable[[int], object]) -> Callable[[int], Run]:
+            return lambda _: timed(n, op)
 
         runs = interleave(
             reps,
-            {"subject": subject, "baseline": baseline, "service": lambda _: timed(n, service_call)},
+            {
+                "subject": arm(subject_call),
+                "baseline": arm(baseline_call),
+                "service": arm(service_call),
+                "floor_two_fsync": arm(floor_two_fsync),
+                "floor_effect": arm(floor_effect),
+                "healthz_noop": arm(lambda _: healthz(bare)),
+                "healthz": arm(lambda _: healthz(direct)),
+                "read_bare": arm(read_bare),
+                "write_bare": arm(write_bare),
+            },
         )
         ratio, low, high = cost_ratio(runs["subject"], runs["baseline"])
         result.figures.append(
@@ -130,6 +200,7 @@ def run(ctx: Context) -> BenchResult:
                 ratio_means="subject time per call / baseline time per call",
                 spread=(low, high),
                 goal=GOAL,
+                floor=write_file_floor(runs),
             )
         )
         ratio, low, high = cost_ratio(runs["service"], runs["baseline"])
@@ -147,6 +218,21 @@ def run(ctx: Context) -> BenchResult:
                 spread=(low, high),
             )
         )
+        for name, key, label in (
+            ("floor_two_fsync", "floor_two_fsync", "no-op POST + 2 receipt-sized appends + fsyncs"),
+            ("floor_with_effect", "floor_effect", "the same + the write's syscalls between them"),
+        ):
+            result.figures.append(
+                floor_figure(
+                    f"pipeline.{name}",
+                    "a floor of write_file on this machine vs the same baseline",
+                    (label, "httpx POST to a no-op FastAPI endpoint + write + fsync"),
+                    "calls/s",
+                    (summarize(runs[key]), summarize(runs["baseline"])),
+                    cost_ratio(runs[key], runs["baseline"]),
+                    "floor time per call / baseline time per call (no goal: a floor)",
+                )
+            )
         server_peak = vm_hwm_mb(server.pid)
         noop_peak = vm_hwm_mb(noop.pid)
         if server_peak is not None:
@@ -158,5 +244,9 @@ def run(ctx: Context) -> BenchResult:
             f"mode is {settings.sandbox!r}; slot {stamp.slot_id} generation {stamp.generation}."
         )
         receipts = (Path(slot_dir) / "receipts.jsonl").read_bytes().count(b"\n")
-        result.notes.append(f"{receipts} receipt records were written by the subject arm.")
+        result.notes.append(
+            f"{receipts} receipt records were written by the arms that call the real service "
+            "(subject, bare write_file, in-process)."
+        )
+        result.notes.append(breakdown(runs))  # last: a table, which ends the list of notes
     return result

@@ -8,11 +8,16 @@ tool server's thread pool runs them), each with its own slot directory and file.
 
 Goals: one writer reaches at least 0.9x the raw rate; eight concurrent slots reach
 at least 3x the one-writer rate of the store.
+
+Floors: for one writer, the raw arm itself; for eight slots, what raw writers reach
+with eight threads against one in the same run (``receipts.raw_scaling``): the store
+can scale no further than the file system's fsyncs do.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -21,8 +26,10 @@ from bench.fixtures import Context
 from bench.stats import (
     BenchResult,
     Figure,
+    Floor,
     Goal,
     Run,
+    floor_figure,
     interleave,
     paired,
     rate_ratio,
@@ -163,9 +170,27 @@ def run(ctx: Context) -> BenchResult:
             ratio_means="store records/s / raw records/s",
             spread=(one_low, one_high),
             goal=ONE_GOAL,
+            floor=Floor(
+                name="the raw arm (receipts.one_writer's baseline)",
+                what="raw os.write + os.fsync of the same lines: the baseline is the floor",
+                value=1.0,
+                ratio=one,
+                ratio_means="store records/s / raw records/s",
+                higher_is_better=True,
+                spread=(one_low, one_high),
+            ),
         )
     )
     scale, s_low, s_high = paired(runs["store8"], runs["store1"], lambda e, o: e.rate / o.rate)
+    raw_scaling = paired(runs["raw8"], runs["raw1"], lambda e, o: e.rate / o.rate)
+    raw_scale = raw_scaling[0]
+    # Per repetition: the store's scaling over raw writers' scaling in the same repetition.
+    versus = [
+        (s8.rate / s1.rate) / (r8.rate / r1.rate)
+        for s8, s1, r8, r1 in zip(
+            runs["store8"], runs["store1"], runs["raw8"], runs["raw1"], strict=True
+        )
+    ]
     result.figures.append(
         Figure(
             name="receipts.eight_slots",
@@ -179,6 +204,29 @@ def run(ctx: Context) -> BenchResult:
             ratio_means=f"{WRITERS}-slot records/s / one-slot records/s",
             spread=(s_low, s_high),
             goal=EIGHT_GOAL,
+            floor=Floor(
+                name="receipts.raw_scaling",
+                what=f"raw writers, {WRITERS} threads vs 1: how far concurrent fsyncs scale here",
+                value=raw_scale,
+                ratio=statistics.median(versus),
+                ratio_means=f"store {WRITERS}-vs-1 scaling / raw {WRITERS}-vs-1 scaling",
+                higher_is_better=True,
+                spread=(min(versus), max(versus)),
+            ),
+        )
+    )
+    result.figures.append(
+        floor_figure(
+            "receipts.raw_scaling",
+            f"records/s of {WRITERS} concurrent raw writers vs one raw writer (the floor)",
+            (
+                f"{WRITERS} threads, os.write + os.fsync, each its own file",
+                "1 thread, os.write + os.fsync (the one-writer baseline above)",
+            ),
+            "records/s",
+            (summarize(runs["raw8"]), summarize(runs["raw1"])),
+            raw_scaling,
+            f"raw {WRITERS}-writer records/s / raw one-writer records/s (a floor)",
         )
     )
     raw8, r_low, r_high = rate_ratio(runs["store8"], runs["raw8"])
@@ -196,7 +244,6 @@ def run(ctx: Context) -> BenchResult:
             spread=(r_low, r_high),
         )
     )
-    raw_scale = paired(runs["raw8"], runs["raw1"], lambda e, o: e.rate / o.rate)[0]
     result.notes.append(
         f"{reps} repetitions of {records} records per writer per arm, interleaved; raw "
         f"lines cycle through the store's own line sizes ({min(map(len, lines))}-"

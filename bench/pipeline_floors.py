@@ -1,0 +1,166 @@
+"""The pipeline benchmark's floors and its breakdown of where a call's time goes.
+
+Floors (issue #17): what one durable ``write_file`` cannot go below on this machine
+whatever the tool server does, measured as arms of the pipeline benchmark's own run:
+
+- **two-fsync HTTP floor**: the baseline's bare POST to the no-op server, then two
+  appends + fsyncs of receipt-sized lines (the last intent and outcome of the slot's
+  own ``receipts.jsonl``): the round trip and the two durable records a mutating
+  call makes (intent before the effect, outcome after: docs/architecture.md §Receipts).
+- **effect floor**: the same with the effect between the two records, done with the
+  system calls ``tools.paths.write.write_bytes`` makes for an existing file and
+  nothing around them (:func:`replace_file`). The rename matters: on ext4
+  (``auto_da_alloc``) renaming over an existing file flushes the new file's data,
+  which costs about an fsync.
+
+The breakdown is a table of medians (p50 per call) of arms that add one layer at a
+time, so a reader sees the HTTP stack, the server's service and the client apart.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.stats import FLOOR_BOUND, Floor, Run, cost_ratio, summarize
+from tools.receipts.log import RECEIPTS_FILE
+
+# write_bytes' flags (tools/paths/walk.py, tools/paths/write.py), so the floor's
+# opens take the same kernel paths as the tool's.
+_O_DIR = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+_O_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# The breakdown's rows: (arm, what the arm is, what it adds over the row above).
+STEPS = (
+    ("healthz_noop", "GET /healthz, no-op server", "the HTTP round trip (httpx, uvicorn, FastAPI)"),
+    ("healthz", "GET /healthz, tool server", "the tool server's middleware and its reply model"),
+    (
+        "read_bare",
+        "read_file, bare httpx -> tool server",
+        "body and envelope checks, slot lock, the read, one log line",
+    ),
+    (
+        "write_bare",
+        "write_file, bare httpx -> tool server",
+        "2 receipt fsyncs, the pre-digest, the write (temp file + rename)",
+    ),
+    (
+        "subject",
+        "write_file, ToolClient -> tool server (the subject)",
+        "the client: stamp read and local check, retry wrapper",
+    ),
+)
+REFERENCES = (
+    ("baseline", "no-op POST + one fsync (the baseline)"),
+    ("floor_two_fsync", "no-op POST + two receipt-sized fsyncs (two-fsync HTTP floor)"),
+    ("floor_effect", "the same + the effect's syscalls (effect floor)"),
+    ("service", "ToolService.call in this process (no HTTP, no client, no log line)"),
+)
+
+
+def receipt_lines(slot_dir: Path) -> tuple[bytes, bytes]:
+    """The last intent and outcome the slot's store wrote: the floor appends their sizes."""
+    lines = (slot_dir / RECEIPTS_FILE).read_bytes().splitlines(keepends=True)
+    if len(lines) < 2:
+        raise RuntimeError(f"{slot_dir / RECEIPTS_FILE} holds {len(lines)} records, not 2+")
+    return lines[-2], lines[-1]
+
+
+def append_fsync(fd: int, line: bytes) -> None:
+    os.write(fd, line)
+    os.fsync(fd)
+
+
+def replace_file(work: Path, parent: str, name: str, tmp: str, data: bytes) -> None:
+    """``write_bytes(work, f"{parent}/{name}", data)``'s system calls over an existing
+    file, none of its checks: the root and the parent opened ``O_PATH``, the target
+    lstat'ed (by the walk, then by ``write_at``), the temp file created, written and
+    chmod'ed to the target's mode, closed, renamed over the target."""
+    root = os.open(work, _O_DIR)
+    try:
+        os.stat(parent, dir_fd=root, follow_symlinks=False)
+        dir_fd = os.open(parent, _O_DIR, dir_fd=root)
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            mode = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            fd = os.open(tmp, _O_TMP, 0o666, dir_fd=dir_fd)
+            try:
+                os.write(fd, data)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        os.close(root)
+
+
+@dataclass
+class DiskFloor:
+    """The durable part of one write_file done bare, on an open ``O_APPEND`` file."""
+
+    fd: int
+    intent: bytes
+    outcome: bytes
+    work: Path  # the slot's work tree
+    parent: str  # a directory in it holding the targets
+    data: bytes
+    made: int = 0
+
+    def records(self) -> None:
+        append_fsync(self.fd, self.intent)
+        append_fsync(self.fd, self.outcome)
+
+    def records_and_effect(self, target: str) -> None:
+        self.made += 1
+        append_fsync(self.fd, self.intent)
+        replace_file(self.work, self.parent, target, f".slotrunner-tmp-{self.made:016x}", self.data)
+        append_fsync(self.fd, self.outcome)
+
+
+def verdict(within: bool) -> str:
+    return "yes" if within else "no"
+
+
+def write_file_floor(runs: Mapping[str, Sequence[Run]]) -> Floor:
+    """pipeline.write_file against the effect floor, and in the note the two-fsync one."""
+    value = cost_ratio(runs["floor_effect"], runs["baseline"])[0]
+    ratio, low, high = cost_ratio(runs["subject"], runs["floor_effect"])
+    bare, b_low, b_high = cost_ratio(runs["subject"], runs["floor_two_fsync"])
+    bare_value = cost_ratio(runs["floor_two_fsync"], runs["baseline"])[0]
+    return Floor(
+        name="pipeline.floor_with_effect",
+        what="no-op POST + intent fsync + the write's syscalls + outcome fsync",
+        value=value,
+        ratio=ratio,
+        ratio_means="subject time per call / effect floor time per call",
+        spread=(low, high),
+        note=f"against the two-fsync HTTP floor (pipeline.floor_two_fsync, {bare_value:.3g}x "
+        f"the baseline, no effect) the subject is at {bare:.3g}x (pairs: {b_low:.3g} .. "
+        f"{b_high:.3g}); within {FLOOR_BOUND}x: {verdict(bare <= FLOOR_BOUND)}",
+    )
+
+
+def breakdown(runs: Mapping[str, Sequence[Run]]) -> str:
+    """Where a call's time goes: a Markdown table of p50s, each step over the one above."""
+    p50 = {arm: summarize(arm_runs)["p50_ms"] for arm, arm_runs in runs.items()}
+    rows = [
+        "Where the time goes (p50 per call, ms, all repetitions pooled; each step adds "
+        "one layer to the row above, so the differences are medians' differences, "
+        "not exact shares):",
+        "",
+        "| step | p50 ms | over the row above | what the step adds |",
+        "|---|---:|---:|---|",
+    ]
+    above: float | None = None
+    for arm, label, adds in STEPS:
+        step = "-" if above is None else f"{p50[arm] - above:+.3f}"
+        rows.append(f"| {label} | {p50[arm]:.3f} | {step} | {adds} |")
+        above = p50[arm]
+    rows.append("| *for reference:* | | | |")
+    rows += [f"| {label} | {p50[arm]:.3f} | | |" for arm, label in REFERENCES]
+    return "\n".join(rows)
