@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,14 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# Every figure whose speed goal may be out of reach -> the figure its floor is measured
+# as (None: the floor is the figure's own baseline arm).
+FLOORED = {
+    "pipeline.write_file": "pipeline.floor_with_effect",
+    "receipts.one_writer": None,
+    "receipts.eight_slots": "receipts.raw_scaling",
+    "detector.throughput": "detector.decode_floor",
+}
 
 
 def quick_run(tmp_path: Path, only: str) -> tuple[dict[str, Any], str]:
@@ -26,10 +35,11 @@ def quick_run(tmp_path: Path, only: str) -> tuple[dict[str, Any], str]:
 
 
 @pytest.mark.timeout(300)
-def test_quick_run_reports_numeric_ratios(tmp_path: Path) -> None:
-    """`bench.run --quick --only pipeline,receipts` exits 0 and writes every figure with a ratio."""
-    doc, text = quick_run(tmp_path, "pipeline,receipts")
-    assert doc["benchmarks_run"] == ["pipeline", "receipts"]
+def test_quick_run_reports_numeric_ratios_and_floors(tmp_path: Path) -> None:
+    """`bench.run --quick` of pipeline, receipts, detector exits 0, writes every figure of the
+    first two with a ratio, and every figure with a speed goal with its floor beside it."""
+    doc, text = quick_run(tmp_path, "pipeline,receipts,detector")
+    assert doc["benchmarks_run"] == ["pipeline", "receipts", "detector"]
     assert {"nproc", "cpu_model", "python", "kernel", "date_utc"} <= doc["machine"].keys()
     names = set()
     for bench in ("pipeline", "receipts"):
@@ -44,6 +54,33 @@ def test_quick_run_reports_numeric_ratios(tmp_path: Path) -> None:
                 assert isinstance(figure["met"], bool)
     assert {"pipeline.write_file", "receipts.one_writer", "receipts.eight_slots"} <= names
     assert "## Machine" in text and "pipeline.write_file" in text
+    assert_floors(doc, text)
+
+
+def assert_floors(doc: dict[str, Any], text: str) -> None:
+    figures = {f["name"]: f for r in doc["results"].values() for f in r["figures"]}
+    assert doc["results"]["detector"]["error"] is None
+    floored = dict(FLOORED)
+    if not doc["machine"].get("jq"):  # the throughput figure is not measured without jq
+        assert figures["detector.throughput"]["floor"] is None
+        del floored["detector.throughput"]
+    for name, floor_figure in floored.items():
+        floor = figures[name]["floor"]
+        assert floor is not None, name
+        assert isinstance(floor["value"], float) and isinstance(floor["ratio"], float)
+        assert floor["bound"] == 1.2 and isinstance(floor["within"], bool)
+        if floor_figure is not None:
+            assert floor["name"] == floor_figure
+            assert isinstance(figures[floor_figure]["ratio"], float)
+        bench = name.split(".")[0]
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {bench} | {name} |"))
+        assert re.search(
+            r"\*\*(not )?met\*\*; floor \S+ measured, figure at \S+x of the floor "
+            r"\(within 1\.2x: (yes|no)\) \|$",
+            row,
+        ), row
+    assert "pipeline.floor_two_fsync" in figures
+    assert "Where the time goes" in text and "| GET /healthz, no-op server |" in text
 
 
 def test_unknown_benchmark_is_a_usage_error() -> None:
