@@ -18,6 +18,8 @@ import redis
 
 from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
+from tests.support.execslots import Slots
+from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 
 
@@ -73,3 +75,15 @@ def toolserver(settings: Settings, tmp_path: Path) -> Iterator[ToolServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def slots(toolserver: ToolServer, tmp_path: Path) -> Iterator[Slots]:
+    """Slots of ``toolserver``'s home, leased and prepared on a fresh repository as a
+    job runner does (tests/support/execslots.py)."""
+    repo = tmp_path / "repo"
+    found = Slots(toolserver.settings, repo, make_repo(repo))
+    try:
+        yield found
+    finally:
+        found.close()

@@ -5,15 +5,12 @@ service's models): absurd nesting, wrong JSON types and a job id with a newline 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.support.execslots import Slots, envelope
-from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools.server.body import MAX_JSON_DEPTH, decode, deeper_than
 
@@ -46,16 +43,6 @@ def test_the_depth_counts_objects_and_arrays_alike() -> None:
         value = {"k": value} if level % 2 else [value]
     assert not deeper_than(value, MAX_JSON_DEPTH)
     assert deeper_than({"wrap": value}, MAX_JSON_DEPTH)
-
-
-@pytest.fixture
-def slots(toolserver: ToolServer, tmp_path: Path) -> Iterator[Slots]:
-    repo = tmp_path / "repo"
-    found = Slots(toolserver.settings, repo, make_repo(repo))
-    try:
-        yield found
-    finally:
-        found.close()
 
 
 def server_out(toolserver: ToolServer) -> str:

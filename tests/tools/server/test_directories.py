@@ -5,28 +5,15 @@ read."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.support.execslots import Slots, envelope
-from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 
 DIRECTORIES = [".", "./", "pkg", "pkg/", "./pkg", "pkg/."]
-
-
-@pytest.fixture
-def slots(toolserver: ToolServer, tmp_path: Path) -> Iterator[Slots]:
-    repo = tmp_path / "repo"
-    found = Slots(toolserver.settings, repo, make_repo(repo))
-    try:
-        yield found
-    finally:
-        found.close()
 
 
 def call(url: str, body: dict[str, Any], tool: str) -> httpx.Response:

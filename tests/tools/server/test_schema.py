@@ -5,8 +5,6 @@ each tool's real answers valid against its documented models."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +14,6 @@ import pytest
 from runner.core.ids import valid_job_id
 from runner.core.settings import Settings
 from tests.support.execslots import Slots, envelope
-from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools import registry
 from tools.builtin import write_job
@@ -131,16 +128,6 @@ def test_the_job_id_pattern_is_the_rule(settings: Settings, job_id: str) -> None
     envelope_schema = document(settings)["components"]["schemas"]["ReadFileEnvelope"]
     validator = jsonschema_rs.validator_for(envelope_schema["properties"]["job_id"])
     assert validator.is_valid(job_id) is valid_job_id(job_id)
-
-
-@pytest.fixture
-def slots(toolserver: ToolServer, tmp_path: Path) -> Iterator[Slots]:
-    repo = tmp_path / "repo"
-    found = Slots(toolserver.settings, repo, make_repo(repo))
-    try:
-        yield found
-    finally:
-        found.close()
 
 
 def test_each_tool_answers_what_its_models_say(toolserver: ToolServer, slots: Slots) -> None:

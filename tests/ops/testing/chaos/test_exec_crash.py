@@ -17,7 +17,6 @@ from runner.core.poll import poll_until
 from runner.core.settings import Settings
 from runner.core.stamp import Stamp
 from tests.support.execslots import Slots, envelope, procs_with, run
-from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools.client import ToolClient, ToolRefused
 from tools.envelope import Envelope
@@ -34,13 +33,9 @@ def server(settings: Settings, tmp_path: Path) -> Iterator[ToolServer]:
 
 
 @pytest.fixture
-def slots(server: ToolServer, tmp_path: Path) -> Iterator[Slots]:
-    repo = tmp_path / "repo"
-    found = Slots(server.settings, repo, make_repo(repo))
-    try:
-        yield found
-    finally:
-        found.close()
+def toolserver(server: ToolServer) -> ToolServer:
+    """The root conftest's ``slots`` lease on this module's server, the one with faults."""
+    return server
 
 
 def statuses(slot_dir: Path, key: str) -> list[str]:
