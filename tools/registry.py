@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tools import names
+
 # Size limits. A write or a patch larger than this is refused with 413 before any
 # byte reaches the slot; 16 MiB of source is far past what an agent writes in one call.
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -227,6 +229,8 @@ TOOLS: dict[str, ToolSpec] = {
 }
 
 MUTATING_TOOLS = frozenset(name for name, spec in TOOLS.items() if spec.mutating)
+if MUTATING_TOOLS != names.MUTATING_TOOLS or set(TOOLS) - MUTATING_TOOLS != names.READ_ONLY_TOOLS:
+    raise RuntimeError("tools/names.py disagrees with the tools declared in tools/registry.py")
 
 # What a model reads about each tool (MCP ``tools/list``, tools.server.mcp); the
 # arguments' own descriptions are in the argument models' JSON schema.

@@ -29,7 +29,7 @@ from runner.core.events import (
     TOOL_RESULT,
     TOOL_RESULT_FIELDS,
 )
-from tools.registry import MUTATING_TOOLS
+from tools.names import MUTATING_TOOLS
 
 MALFORMED = "malformed"
 # Where a record came from is set by the reader after decoding, under JSON names no

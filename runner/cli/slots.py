@@ -8,7 +8,8 @@ shows every host's slots as they published them to the shared Redis
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -16,14 +17,17 @@ from rich.table import Table
 
 from runner.cli.common import FiniteFloat, emit_json
 from runner.core.settings import Settings
-from runner.core.stamp import Stamp, utc_now
-from runner.slots.pool import SlotPool
-from runner.slots.pool_view import HostView
+
+if TYPE_CHECKING:  # imported where used: `slotrunner ops detect` need not load the pool
+    from runner.core.stamp import Stamp
+    from runner.slots.pool import SlotPool
+    from runner.slots.pool_view import HostView
 
 
 def _pool() -> tuple[Settings, SlotPool]:
     from runner.core.logs import EventLog
     from runner.redis_server import connect
+    from runner.slots.pool import SlotPool
 
     settings = Settings.from_env()
     return settings, SlotPool(settings, connect(settings), EventLog(settings))
@@ -82,9 +86,9 @@ def _list_pool(as_json: bool, watch: bool, interval_s: float) -> None:
 
     client = connect(Settings.from_env())
     if as_json:
-        emit_json([host.model_dump() for host in read_pool(client, utc_now())])
+        emit_json([host.model_dump() for host in read_pool(client, datetime.now(UTC))])
         return
-    _show(lambda: _pool_table(read_pool(client, utc_now())), watch, interval_s)
+    _show(lambda: _pool_table(read_pool(client, datetime.now(UTC))), watch, interval_s)
 
 
 def _show(render: Callable[[], Table], watch: bool, interval_s: float) -> None:
@@ -106,7 +110,7 @@ def _show(render: Callable[[], Table], watch: bool, interval_s: float) -> None:
 
 
 def _pool_table(hosts: list[HostView]) -> Table:
-    now = utc_now()
+    now = datetime.now(UTC)
     caption = f"{now:%H:%M:%S} UTC" if hosts else "no host has published its slots to this Redis"
     table = Table(
         "host", "heartbeat", "slot", "generation", "job", "attempt", "state", "age", caption=caption
@@ -129,7 +133,7 @@ def _pool_table(hosts: list[HostView]) -> Table:
 
 
 def _table(stamps: list[Stamp]) -> Table:
-    now = utc_now()
+    now = datetime.now(UTC)
     table = Table(
         "slot",
         "generation",
