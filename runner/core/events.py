@@ -20,6 +20,10 @@ JOB_FINISHED: Final = "job_finished"
 # attempt, error
 JOB_RESULT_NOT_KEPT: Final = "job_result_not_kept"
 RECEIPT_RESOLVED: Final = "receipt_resolved"
+# a lease moved the slot's settled receipts into its archive (runner.slots.rotation):
+# slot_id, generation (the new lease's), keys; or could not: slot_id, error
+RECEIPTS_ROTATED: Final = "receipts_rotated"
+RECEIPTS_ROTATION_FAILED: Final = "receipts_rotation_failed"
 
 # tool_result.outcome values
 OUTCOME_APPLIED: Final = "applied"

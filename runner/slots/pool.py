@@ -31,6 +31,7 @@ from runner.core.slot_lock import slot_lock
 from runner.core.stamp import SlotState, Stamp, iso, read_stamp, utc_now, valid_slot_id, write_stamp
 from runner.errors import RunnerError
 from runner.slots import pool_view
+from runner.slots.rotation import rotate_receipts
 from tools import tokens
 
 # Raise the Redis mirror only when the new value is larger: a stale writer can never
@@ -215,6 +216,7 @@ class SlotPool:
                 if current is not None and current.state != SlotState.IDLE:
                     return None
                 generation = self.next_generation(slot_id, current)
+                rotate_receipts(path, generation, self.log)
                 now = self.clock()
                 ttl = self.settings.lease_ttl_s if ttl_s is None else ttl_s
                 stamp = Stamp(

@@ -26,6 +26,7 @@ from runner.jobs.submit import submit
 from tests.support.agents import agent_pythonpath
 from tests.support.gateway import Gateway, desk_stats, new_run, upstream
 from tests.support.mcpclient import mcp_session, text_of
+from tests.support.receipts import slot_receipts
 from tests.support.repos import REPO, make_repo
 from tests.support.stack import FAST, UNACKED_RESTORE_S, Stack, run_cli, stack, wait_until
 
@@ -76,10 +77,7 @@ def tree_by_hand(repo: Path, base: str, tmp_path: Path, spec: dict[str, Any]) ->
 
 
 def receipts(s: Stack, slot_id: str) -> list[dict[str, Any]]:
-    path = s.settings.slots_dir / slot_id / "receipts.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return slot_receipts(s.settings.slots_dir / slot_id)
 
 
 def wait_for_intent(s: Stack, slot_id: str, key: str) -> None:

@@ -18,6 +18,7 @@ from runner.core.settings import Settings
 from runner.core.stamp import SlotState, read_stamp
 from runner.jobs.submit import submit
 from tests.support.gateway import Gateway, desk_stats, new_run, upstream
+from tests.support.receipts import slot_receipts
 from tests.support.repos import REPO, make_repo
 from tests.support.stack import Stack, run_cli, stack, wait_until
 
@@ -37,10 +38,8 @@ def example(s: Stack, name: str, **changes: Any) -> dict[str, Any]:
 
 
 def receipts_by_key(s: Stack, slot_id: str) -> dict[str, list[str]]:
-    lines = (s.settings.slots_dir / slot_id / "receipts.jsonl").read_text().splitlines()
     found: dict[str, list[str]] = {}
-    for line in lines:
-        receipt = json.loads(line)
+    for receipt in slot_receipts(s.settings.slots_dir / slot_id):
         found.setdefault(receipt["key"], []).append(receipt["status"])
     return found
 

@@ -19,6 +19,11 @@ There is no group commit: every writer of a slot's receipts (the tool server and
 the janitor) already holds the slot's lock for the whole call, so two records of one
 slot are never pending together; concurrent slots fsync their own files in parallel.
 
+The file is the slot's *hot* file: a new lease rotates its settled records into the
+slot's archive (``tools.receipts.archive``), and a key the index lacks is asked of
+the archive. A store that finds the file replaced follows it only when the archive's
+marker names the new file (a rotation); any other replacement is a loss.
+
 The in-memory index is refreshed by reading only the bytes appended since the last
 read, so a lookup costs O(new bytes), not O(file); when the file still ends where
 this store's own last record ended (one ``stat``), nothing is read at all. A record
@@ -41,6 +46,7 @@ from pathlib import Path
 from runner.core.durable import Fsync, append_record_fd, open_append, os_fsync
 from tools.errors import ToolError
 from tools.reasons import Reason
+from tools.receipts.archive import Archive
 from tools.receipts.format import TORN_TERMINATOR, Receipt, Status, encode_line, parse_line
 
 RECEIPTS_FILE = "receipts.jsonl"
@@ -95,6 +101,7 @@ def _after_fork() -> None:
         store._handles.close()
         store._thread_lock = threading.Lock()
         store._forget()
+        store._archive.close()  # the parent's connection is left alone: see Archive
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -117,6 +124,7 @@ class ReceiptLog:
         self._handles = _Handles()
         weakref.finalize(self, self._handles.close)
         self._broken: str | None = None  # set once a write failed: never write again
+        self._archive = Archive(slot_dir, fsync=fsync)
         self._forget()
         _LIVE.add(self)
 
@@ -130,9 +138,10 @@ class ReceiptLog:
         self._malformed = 0  # complete lines that are not records
 
     def close(self) -> None:
-        """Close the kept-open descriptors (they reopen on the next use)."""
+        """Close the kept-open descriptors and the archive (they reopen on the next use)."""
         with self._thread_lock:
             self._handles.close()
+            self._archive.close()
 
     @property
     def broken(self) -> str | None:
@@ -147,13 +156,17 @@ class ReceiptLog:
             return self._malformed + int(self._tail_torn)
 
     def records(self) -> Iterator[Receipt]:
-        """Every valid record in file order (for audit); garbage and torn lines skipped."""
+        """Every valid record, the archive's segments first, then the hot file in file
+        order (for audit); garbage and torn lines skipped."""
         with self._locked():
             self._refresh()
             end = self._offset
-        # Bytes before ``end`` are complete lines and, the file being append-only,
-        # never change: stream them without holding the lock.
-        return self._stream(end)
+            segments = self._archive.segments()
+        # Segments are written once (a crashed rotation's is rewritten whole, by rename),
+        # and bytes before ``end`` are complete lines of an append-only file: stream
+        # them without holding the lock.
+        yield from self._archive.records(segments)
+        yield from self._stream(end)
 
     # -- edges ---------------------------------------------------------------------
 
@@ -203,10 +216,13 @@ class ReceiptLog:
         if self._identity is None:
             self._identity = identity
         elif identity != self._identity:
-            # Moved aside or replaced: the same danger, and what was read may be gone.
-            raise ReceiptDurabilityError(
-                f"{self.path} was replaced by another file; the receipts read so far are gone"
-            )
+            if self._archive.marker() != identity:
+                # Moved aside or replaced: the same danger, and what was read may be gone.
+                raise ReceiptDurabilityError(
+                    f"{self.path} was replaced by another file; the receipts read so far are gone"
+                )
+            # Rotated by another process: what was read is in the archive now.
+            self._restart_at(identity)
         size = st.st_size
         if size == self._seen_size:
             return
@@ -232,6 +248,35 @@ class ReceiptLog:
                 else:
                     self._fold(receipt)
             self._seen_size = f.tell()
+
+    def _restart_at(self, identity: tuple[int, int]) -> None:
+        """Follow a rotation to the new hot file ``identity``: read it from the start."""
+        fd, self._handles.append_fd = self._handles.append_fd, None
+        if fd is not None:
+            with suppress(OSError):
+                os.close(fd)
+        self._forget()
+        self._identity = identity
+
+    def rotate(self) -> int | None:
+        """Move every record out of the hot file into the archive (archive.py); the
+        caller holds the slot's lock. The number of keys moved; None, and nothing
+        moved, when an intent is open (it must be settled in the hot file first), the
+        file is empty, or the store is broken. Raises ``OSError`` as
+        :meth:`Archive.rotate` does."""
+        with self._locked():
+            self._refresh()
+            if self._broken is not None or self._identity is None or not self._seen_size:
+                return None
+            last: dict[str, Receipt] = {}
+            for key, state in self._index.items():
+                if state.outcome is None:
+                    return None  # an open intent stays where recovery reads it
+                last[key] = state.outcome
+            with open(self._file, "rb") as f:
+                raw = f.read(self._seen_size)
+            self._restart_at(self._archive.rotate(self.path, self._identity, raw, last))
+            return len(last)
 
     def _fold(self, receipt: Receipt) -> None:
         state = self._index.get(receipt.key)

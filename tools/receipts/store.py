@@ -128,6 +128,16 @@ class ReceiptStore(ReceiptLog):
                 existing = _latest(state)
                 if existing is not None:
                     return Begin(receipt=existing, fresh=False)
+            else:
+                # A key of a rotated generation: bound and answered from the archive.
+                archived = self._archive.get(key)
+                if archived is not None:
+                    if archived.job_id != job_id:
+                        raise KeyBoundToOtherJob(
+                            f"idempotency key {key!r} is bound to job {archived.job_id!r}, "
+                            f"not {job_id!r}"
+                        )
+                    return Begin(receipt=archived, fresh=False)
             intent = Receipt(
                 key=key,
                 job_id=job_id,
@@ -198,7 +208,7 @@ class ReceiptStore(ReceiptLog):
         with self._locked():
             self._refresh()
             state = self._index.get(key)
-            return None if state is None else _latest(state)
+            return self._archive.get(key) if state is None else _latest(state)
 
     def open_intents(self) -> list[Receipt]:
         """Intents with no outcome (outcome unknown), in file order: for recovery."""

@@ -21,6 +21,7 @@ from runner.core.logs import EventLog
 from runner.jobs.models import JobSpec
 from runner.slots.pool import Lease, SlotPool
 from runner.workspace.workspaces import Workspaces
+from tests.support.receipts import slot_receipts
 from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools import registry
@@ -97,10 +98,7 @@ class Host:
         ]
 
     def receipts(self, lease: Lease) -> list[dict[str, Any]]:
-        path = self.settings.slots_dir / lease.slot_id / "receipts.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return slot_receipts(self.settings.slots_dir / lease.slot_id)
 
     def close(self) -> None:
         for client in self.clients:

@@ -45,13 +45,6 @@ def _lines(slot: Path) -> list[bytes]:
     return (slot / RECEIPTS_FILE).read_bytes().splitlines(keepends=True)
 
 
-@pytest.fixture
-def slot(tmp_path: Path) -> Path:
-    path = tmp_path / "slots" / "s1"
-    path.mkdir(parents=True)
-    return path
-
-
 # -- spawned-process helpers (module level so `spawn` can import them) ----------------
 
 

@@ -20,6 +20,7 @@ from runner.core.settings import Settings
 from runner.slots.pool import Lease, SlotPool
 from runner.workspace.workspaces import Workspaces
 from tests.support.mcpclient import mcp_session, text_of
+from tests.support.receipts import slot_receipts
 from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 from tools import registry
@@ -80,8 +81,7 @@ class Host:
         return [e for e in map(json.loads, lines) if e["event"] == events.TOOL_RESULT]
 
     def receipts(self, lease: Lease) -> list[dict[str, Any]]:
-        path = self.slot_dir(lease) / "receipts.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return slot_receipts(self.slot_dir(lease))
 
 
 @pytest.fixture

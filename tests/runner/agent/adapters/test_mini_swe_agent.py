@@ -31,6 +31,7 @@ from runner.core.logs import EventLog
 from runner.jobs.models import JobSpec
 from runner.slots.pool import Lease, SlotPool
 from runner.workspace.workspaces import Workspaces
+from tests.support.receipts import slot_receipts
 from tests.support.repos import REPO, make_repo
 from tests.support.toolserver import ToolServer
 from tools.builtin import write_job
@@ -93,8 +94,7 @@ class Host:
         ]
 
     def receipts(self, lease: Lease) -> list[dict[str, Any]]:
-        path = self.settings.slots_dir / lease.slot_id / "receipts.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return slot_receipts(self.settings.slots_dir / lease.slot_id)
 
     def close(self) -> None:
         for client in self.clients:
