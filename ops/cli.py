@@ -39,6 +39,7 @@ from ops.detect.detector import (
 from ops.detect.follow import Follower
 from ops.detect.verify import verify as verify_logs
 from ops.pool import PoolBrake
+from ops.receipts import receipts
 from runner.cli.errors import CliError
 from runner.core.settings import Settings
 
@@ -380,6 +381,9 @@ def restore(job_id: str, which: str, to: Path | None, force: bool, as_json: bool
     else:
         click.echo(f"restored {done.which} snapshot of {done.job_id} into {done.target}")
         click.echo(f"tree {done.tree} verified")
+
+
+ops.add_command(receipts)
 
 
 def main() -> None:
