@@ -66,9 +66,14 @@ class Archive:
         self.fsync = fsync
         self._db: sqlite3.Connection | None = None
         self._pid = 0
+        self._absent = False  # seen absent: a rotation (a new hot file) must come first
 
     def exists(self) -> bool:
-        return self.index_path.exists()
+        return self._db is not None or self.index_path.exists()
+
+    def recheck(self) -> None:
+        """The hot file was replaced: a rotation may have made the archive since."""
+        self._absent = False
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None or self._pid != os.getpid():
@@ -86,8 +91,14 @@ class Archive:
         self._db = None
 
     def get(self, key: str) -> Receipt | None:
-        """The last record of a rotated ``key``, or None (never rotated, or no archive)."""
-        if self._db is None and not self.exists():
+        """The last record of a rotated ``key``, or None (never rotated, or no archive).
+
+        An archive seen absent is not looked for again until :meth:`recheck`: every
+        rotation makes the index before it replaces the hot file, and the store that
+        follows the replacement rechecks, so a fresh key costs no ``stat``.
+        """
+        if self._db is None and (self._absent or not self.index_path.exists()):
+            self._absent = True
             return None
         row = self._connect().execute("SELECT line FROM keys WHERE key = ?", (key,)).fetchone()
         return None if row is None else parse_line(bytes(row[0]))

@@ -129,7 +129,9 @@ class ReceiptLog:
         _LIVE.add(self)
 
     def _forget(self) -> None:
-        """Drop everything read from the file; the next use reads it from the start."""
+        """Drop everything read from the file; the next use reads it from the start,
+        and looks for the archive again (a rotation may have made it meanwhile)."""
+        self._archive.recheck()
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file seen
         self._index: dict[str, KeyState] = {}
         self._offset = 0  # end of the last complete line read
