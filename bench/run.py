@@ -30,6 +30,7 @@ from bench import (
     e2e,
     envs,
     gateway,
+    history,
     mcp_call,
     memory,
     pipeline,
@@ -54,6 +55,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "envs": envs.run,
     "sandbox": sandbox_start.run,
     "capacity": capacity.run,
+    "history": history.run,
     "memory": memory.run,  # last: it reports what the others observed
 }
 # memory reports peaks observed during these runs; naming it alone runs them too.
