@@ -68,9 +68,6 @@ class Archive:
         self._pid = 0
         self._absent = False  # seen absent: a rotation (a new hot file) must come first
 
-    def exists(self) -> bool:
-        return self._db is not None or self.index_path.exists()
-
     def recheck(self) -> None:
         """The hot file was replaced: a rotation may have made the archive since."""
         self._absent = False
