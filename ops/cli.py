@@ -10,7 +10,6 @@ runs the same verbs through it.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -37,9 +35,14 @@ from ops.detect.detector import (
     read_batches,
 )
 from ops.detect.follow import Follower
-from ops.detect.verify import verify as verify_logs
 from ops.pool import PoolBrake
 from ops.receipts import receipts
+from ops.render import COLUMNS as _COLUMNS
+from ops.render import cells as _cells
+from ops.render import console as _console
+from ops.render import json_line as _json_line
+from ops.render import row as _row
+from ops.verify_cli import verify
 from runner.cli.errors import CliError
 from runner.core.settings import Settings
 
@@ -48,37 +51,6 @@ if TYPE_CHECKING:  # imported where used: a one-shot detect loads no HTTP client
 
 PAGE_BATCH = 256  # incidents per page call in a one-shot run (the first goes alone, at once)
 RETRY_GAP_S = 10.0  # after a failed delivery, wait this long unless new incidents arrive
-
-
-def _console() -> Console:
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=220)
-
-
-def _json_line(obj: object) -> None:
-    click.echo(json.dumps(obj))
-
-
-_COLUMNS = ("kind", "where", "host", "slot", "gen", "job", "tool", "key", "ts")
-
-
-def _row(i: Incident) -> tuple[Text, ...]:
-    # Text, not str: a key or job id with [brackets] must not be read as rich markup.
-    return tuple(map(Text, _cells(i)))
-
-
-def _cells(i: Incident) -> tuple[str, ...]:
-    return (
-        i.kind,
-        f"{i.path}:{i.line}",
-        i.host,
-        i.slot_id,
-        str(i.generation),
-        i.job_id,
-        i.tool,
-        i.idempotency_key,
-        i.ts,
-    )
 
 
 class Report:
@@ -292,47 +264,6 @@ def _follow(inputs: list[str], state_dir: Path, as_json: bool, respond: Responde
 
 
 @ops.command()
-@click.argument("paths", nargs=-1)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def verify(paths: tuple[str, ...], as_json: bool) -> None:
-    """Prove I1 (every apply inside its owner's lease) and I2 (every key applied at most
-    once) over PATH... Exit 0 holds, 1 violated, 2 unusable input."""
-    inputs = list(paths) or [str(Settings.from_env().log_path)]
-    shown: list[Incident] = []
-
-    def on_item(item: Incident | Malformed) -> None:
-        if as_json:
-            _json_line(item.to_json())
-        elif isinstance(item, Incident):
-            shown.append(item)
-
-    proof = verify_logs(inputs, on_item)
-    for path, why in proof.unusable.items():
-        click.echo(f"error: {path}: {why}", err=True)
-    if as_json:
-        _json_line(proof.to_json())
-        raise SystemExit(proof.exit_code)
-    console = _console()
-    if shown:
-        table = Table(*_COLUMNS, title="violations", title_justify="left")
-        for incident in shown:
-            table.add_row(*_row(incident))
-        console.print(table)
-    counts = Table("checked", "count", title="verify", title_justify="left")
-    for name in ("lines", "malformed", "leases", "releases", "applies", "keys"):
-        counts.add_row(name, str(getattr(proof, name)))
-    for kind, n in proof.violations.items():
-        counts.add_row(kind, str(n))
-    console.print(counts)
-    if proof.unusable:
-        verdict = "[bold red]INCOMPLETE (unusable input)[/]"
-    else:
-        verdict = "[green]I1 and I2 hold[/]" if proof.holds else "[bold red]VIOLATED[/]"
-    console.print(f"{verdict} over {proof.applies} applies of {proof.keys} keys")
-    raise SystemExit(proof.exit_code)
-
-
-@ops.command()
 @click.argument("job_id")
 @click.option(
     "--which",
@@ -383,6 +314,7 @@ def restore(job_id: str, which: str, to: Path | None, force: bool, as_json: bool
         click.echo(f"tree {done.tree} verified")
 
 
+ops.add_command(verify)
 ops.add_command(receipts)
 
 
