@@ -8,6 +8,10 @@ audit trail of what happened.
 Overwriting a slot that another live job holds would itself be a cross-job write, so
 it is refused unless the pool is stopped (no worker consumes the queue) and the
 operator says ``--force``.
+
+The job's slot is the last one the event log leased it; a log rotated away names none,
+so then it is the slot whose receipts, rotated or hot, name the job last
+(:func:`ops.detect.receipts_audit.last_slot_of`, docs/architecture.md §Snapshots).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ops.detect.receipts_audit import last_slot_of
 from ops.errors import OpsError
 from runner.core.settings import Settings
 from runner.core.slot_lock import slot_lock
@@ -94,7 +99,13 @@ def restore(
         return Restored(job_id, which, str(to), tree, commit, None)
     slot_id = job_slot(settings, job_id)
     if slot_id is None:
-        raise RestoreError(f"job {job_id!r} never leased a slot on this host; use --to DIR")
+        slot_id, unreadable = last_slot_of(settings.slots_dir, job_id)
+        if slot_id is None:
+            skipped = f" (unreadable, skipped: {', '.join(unreadable)})" if unreadable else ""
+            raise RestoreError(
+                f"job {job_id!r} never leased a slot on this host: neither {settings.log_path} "
+                f"nor the receipts under {settings.slots_dir} name it{skipped}; use --to DIR"
+            )
     slot_dir = settings.slots_dir / slot_id
     with slot_lock(slot_dir):
         stamp = read_stamp(slot_dir)
