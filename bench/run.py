@@ -29,6 +29,7 @@ from bench import (
     detector,
     e2e,
     envs,
+    follow_history,
     gateway,
     history,
     mcp_call,
@@ -56,6 +57,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "sandbox": sandbox_start.run,
     "capacity": capacity.run,
     "history": history.run,
+    "follow": follow_history.run,
     "memory": memory.run,  # last: it reports what the others observed
 }
 # memory reports peaks observed during these runs; naming it alone runs them too.

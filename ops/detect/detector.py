@@ -39,7 +39,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from ops.detect.inputs import expand, merge_by_ts, read_batches, read_records
-from ops.detect.keys import KeySet, expected_keys
+from ops.detect.keys import AppliedKeys, KeySet, expected_keys
 from ops.detect.records import (
     APPLY_TYPES,
     MALFORMED,
@@ -135,9 +135,9 @@ def judge_apply(slot: SlotState | None, apply: ApplyRecord) -> Kind | None:
 class Replay:
     """Every (host, slot) timeline and the applied keys: all the state the rules need."""
 
-    def __init__(self, keys: KeySet | None = None) -> None:
+    def __init__(self, keys: AppliedKeys | None = None) -> None:
         self.slots: dict[tuple[str, str], SlotState] = {}
-        self.keys = keys if keys is not None else KeySet()
+        self.keys: AppliedKeys = keys if keys is not None else KeySet()
         self.leases = self.releases = self.applies = 0
 
     def lease(self, lease: LeaseRecord) -> None:
@@ -164,7 +164,7 @@ class Replay:
         }
 
     @classmethod
-    def restore(cls, snap: dict[str, Any], keys: KeySet) -> Replay:
+    def restore(cls, snap: dict[str, Any], keys: AppliedKeys) -> Replay:
         replay = cls(keys)
         for host, slot, *state in snap["slots"]:
             replay.slots[(host, slot)] = SlotState(*state)

@@ -3,16 +3,17 @@
 State in the state dir (``$SLOTRUNNER_HOME/detector/`` unless told otherwise):
 
 ``checkpoint.json``  per path the cursors ``(dev, inode, offset, line)``, the ownership
-                     timelines, the counters and the length of ``keys.hex`` it matches
-``keys.hex``         one hex digest per applied idempotency key, appended
+                     timelines, the counters and the number of applied keys it matches
+``keys.sqlite``      the applied idempotency keys, on disk (:mod:`ops.detect.keystore`):
+                     the follower's memory stays flat however long the log grows
 
 Each poll reads the new *complete* lines of every file, judges them, hands incidents
-and malformed lines to the sink (which pages; its own outbox is durable), appends the
-new key digests (fsynced), then replaces the checkpoint. A crash anywhere in between
-resumes from the last checkpoint with the state of that checkpoint (``keys.hex`` is
-cut back to the length it names), so no line is skipped and none is judged against
+and malformed lines to the sink (which pages; its own outbox is durable), commits the
+new keys (fsynced), then replaces the checkpoint. A crash anywhere in between
+resumes from the last checkpoint with the state of that checkpoint (the key table is
+cut back to the count it names), so no line is skipped and none is judged against
 a state that had already seen it; the sink's dedup keys absorb the incidents that
-are found again.
+are found again. A version-1 state dir (keys in ``keys.hex``) is imported once.
 
 Rotation (the path names a new inode): the old file, still open, is read for
 ``rotate_grace_s`` more, because writers holding its descriptor may still append,
@@ -38,7 +39,6 @@ from typing import Any, BinaryIO
 from ops.detect.detector import (
     GZIP_MAGIC,
     Incident,
-    KeySet,
     Malformed,
     Record,
     Replay,
@@ -47,8 +47,9 @@ from ops.detect.detector import (
     merge_by_ts,
     scan,
 )
+from ops.detect.keystore import KeyStore, KeyStoreError
 from ops.errors import OpsError
-from runner.core.durable import append_record, replace_file
+from runner.core.durable import replace_file
 
 READ_BUDGET = 16 * 1024 * 1024  # bytes per file per poll: bounds memory on a huge backlog
 Sink = Callable[[list[Incident | Malformed]], None]
@@ -101,7 +102,7 @@ class Follower:
             if not os.path.exists(path) and not os.path.isdir(os.path.dirname(path)):
                 raise FollowError(f"{self.labels[path]}: no such file or directory")
         state_dir.mkdir(parents=True, exist_ok=True)
-        self._ckpt, self._keys_file = state_dir / "checkpoint.json", state_dir / "keys.hex"
+        self._ckpt = state_dir / "checkpoint.json"
         self.lines = self.malformed = 0
         self._dirty = False
         self._cursors: dict[str, list[Cursor]] = {}
@@ -117,13 +118,24 @@ class Follower:
         except ValueError as exc:
             raise FollowError(f"{self._ckpt} is damaged ({exc}); move the state dir away") from exc
         try:
-            self._keys_bytes = int(ckpt["keys_bytes"]) if ckpt else 0
-            keys = KeySet(self._load_keys(), journal=True)
+            if ckpt is None:
+                keys = KeyStore.open(self.state_dir, 0)
+            elif ckpt.get("version") == 1:  # keys in keys.hex, as many bytes as it says
+                keys = KeyStore.open(self.state_dir, 0, legacy_bytes=int(ckpt["keys_bytes"]))
+            else:
+                keys = KeyStore.open(self.state_dir, int(ckpt["keys"]))
+        except KeyStoreError as exc:
+            raise FollowError(f"{exc}; move the state dir away") from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FollowError(f"{self._ckpt} is damaged ({exc}); move the state dir away") from exc
+        self._keys = keys
+        try:
             self.replay = Replay.restore(ckpt["replay"], keys) if ckpt else Replay(keys)
             if ckpt:
                 self.lines, self.malformed = int(ckpt["lines"]), int(ckpt["malformed"])
                 self._reopen(ckpt["files"])
         except (KeyError, TypeError, ValueError) as exc:
+            keys.close()
             raise FollowError(f"{self._ckpt} is damaged ({exc}); move the state dir away") from exc
 
     def _reopen(self, files: dict[str, list[dict[str, Any]]]) -> None:
@@ -145,32 +157,12 @@ class Follower:
                     cursor.drain_until = now + self._grace_s  # rotated while we were stopped
                 self._cursors.setdefault(path, []).append(cursor)
 
-    def _load_keys(self) -> list[bytes]:
-        try:
-            with open(self._keys_file, "rb") as fh:
-                data = fh.read(self._keys_bytes)
-        except FileNotFoundError:
-            data = b""
-        if len(data) != self._keys_bytes:
-            raise FollowError(f"{self._keys_file} is shorter than the checkpoint says")
-        if os.path.exists(self._keys_file) and os.path.getsize(self._keys_file) > self._keys_bytes:
-            os.truncate(self._keys_file, self._keys_bytes)  # digests of lines to be re-read
-        try:
-            return [bytes.fromhex(line.decode()) for line in data.splitlines()]
-        except ValueError as exc:
-            raise FollowError(f"{self._keys_file} is damaged ({exc})") from exc
-
     def _checkpoint(self) -> None:
-        fresh = self.replay.keys.take_fresh()
-        if fresh:
-            data = "".join(d.hex() + "\n" for d in fresh).encode()
-            append_record(self._keys_file, data)
-            self._keys_bytes += len(data)
         ckpt = {
-            "version": 1,
+            "version": 2,
             "files": {p: [c.to_json() for c in cs] for p, cs in self._cursors.items()},
             "replay": self.replay.snapshot(),
-            "keys_bytes": self._keys_bytes,
+            "keys": self._keys.commit(),
             "lines": self.lines,
             "malformed": self.malformed,
         }
@@ -200,6 +192,7 @@ class Follower:
                 stop.wait(poll_s)
 
     def close(self) -> None:
+        self._keys.close()
         for cursors in self._cursors.values():
             for cursor in cursors:
                 if cursor.fh is not None:

@@ -16,7 +16,7 @@ import os
 from array import array
 from collections.abc import Iterable
 from contextlib import suppress
-from hashlib import blake2b
+from typing import Protocol
 
 from ops.detect.scan import Tally
 
@@ -24,45 +24,34 @@ BYTES_PER_KEY = 900  # real traffic writes one applied key per 850 to 950 bytes 
 MAX_EXPECTED_KEYS = 2_500_000  # sizing ahead stops at a 32 MB table; past it, grow
 
 
-class KeySet:
-    """Idempotency keys applied so far, as 8-byte fingerprints.
+class AppliedKeys(Protocol):
+    """What the rules need of a key set: this one, or ``ops.detect.keystore.KeyStore``."""
 
-    Without a journal the fingerprint is Python's own string hash (seeded per process,
-    and already computed); with one it is the first 8 bytes of the 16-byte blake2b
-    digest that ``ops.detect.follow`` persists, so a restart rebuilds the same table.
+    def add(self, key: str) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class KeySet:
+    """Idempotency keys applied so far, as 8-byte fingerprints in memory (a one-shot run).
+
+    The fingerprint is Python's own string hash (seeded per process, and already
+    computed). ``ops detect --follow`` keeps its keys on disk instead
+    (``ops.detect.keystore``): it never ends, so nothing of it may grow in memory.
     """
 
     MAX_LOAD = 0.6
 
-    def __init__(
-        self, digests: Iterable[bytes] = (), *, journal: bool = False, expected: int = 0
-    ) -> None:
-        digests = list(digests)
-        self._fresh: list[bytes] | None = [] if journal else None
+    def __init__(self, *, expected: int = 0) -> None:
         self._table, self._n = array("q"), 0
-        self._resize(max(len(digests), expected))
-        for digest in digests:
-            self._place(_fingerprint(digest))
+        self._resize(expected)
 
     def __len__(self) -> int:
         return self._n
 
     def add(self, key: str) -> bool:
         """Record ``key``; True when it had been applied before."""
-        if self._fresh is None:
-            return self._place(hash(key) or 1)  # 0 marks an empty cell
-        digest = blake2b(key.encode(), digest_size=16).digest()
-        if self._place(_fingerprint(digest)):
-            return True
-        self._fresh.append(digest)
-        return False
-
-    def take_fresh(self) -> list[bytes]:
-        """The digests added since the last call (for a caller that persists them)."""
-        fresh = self._fresh or []
-        if self._fresh is not None:
-            self._fresh = []
-        return fresh
+        return self._place(hash(key) or 1)  # 0 marks an empty cell
 
     def _place(self, fp: int) -> bool:
         """Put ``fp`` in the table; True when it was there already."""
@@ -98,7 +87,3 @@ def expected_keys(tallies: Iterable[Tally]) -> int:
         with suppress(OSError):
             total += 0 if tally.path == "-" else os.path.getsize(tally.path)
     return min(total // BYTES_PER_KEY, MAX_EXPECTED_KEYS)
-
-
-def _fingerprint(digest: bytes) -> int:
-    return int.from_bytes(digest[:8], "little", signed=True) or 1

@@ -34,3 +34,20 @@ def test_quick_history_reports_every_size_its_ratios_and_the_oldest_receipt(
         assert re.search(rf"^\| {size} \| old: [\d,]+ records, [\d,]+ generations \|", text, re.M)
         assert f"\n| {size} | fresh |" in text
     assert (plot.stat().st_mtime_ns if plot.exists() else None) == untouched
+
+
+@pytest.mark.timeout(300)
+def test_quick_follow_reports_the_restarted_followers_memory_at_every_size(
+    tmp_path: Path,
+) -> None:
+    """`bench.run --quick --only follow` judges the restarted follower's VmHWM against a
+    fresh one's and tables every size (each follower found the repeated first key, or
+    the benchmark would have failed)."""
+    doc, text = quick_run(tmp_path, "follow")
+    result = doc["results"]["follow"]
+    assert result["error"] is None
+    (figure,) = result["figures"]
+    assert figure["name"] == "follow.rss_mb" and isinstance(figure["met"], bool)
+    assert figure["goal"]["threshold"] == 1.2
+    for size in ("1e+03", "1e+05"):
+        assert re.search(rf"^\| {re.escape(size)} \| \d+ \|", text, re.M)

@@ -221,6 +221,35 @@ def test_a_crash_after_paging_before_the_checkpoint_pages_once(
     assert receiver.requests == 1
 
 
+def test_a_version_1_state_dir_keeps_its_keys(tmp_path: Path) -> None:
+    """A state dir from before keys.sqlite (digests in keys.hex) is imported: its keys
+    still make a repeat a duplicate."""
+    from hashlib import blake2b
+
+    log, state = tmp_path / "slotrunner.jsonl", tmp_path / "state"
+    append(log, lease_line("A", 1), result_line("A", 1, "A:1"))
+    follower = Follower([str(log)], state, lambda _: None)
+    follower.poll()
+    follower.close()
+    ckpt = json.loads((state / "checkpoint.json").read_bytes())
+    journal = (blake2b(b"A:1", digest_size=16).hexdigest() + "\n").encode()
+    (state / "keys.hex").write_bytes(journal)
+    for leftover in state.glob("keys.sqlite*"):
+        leftover.unlink()
+    del ckpt["keys"]
+    ckpt.update(version=1, keys_bytes=len(journal))
+    (state / "checkpoint.json").write_text(json.dumps(ckpt))
+    append(log, result_line("A", 1, "A:1"))
+    seen: list[Incident | Malformed] = []
+    follower = Follower([str(log)], state, seen.extend)
+    try:
+        follower.poll()
+    finally:
+        follower.close()
+    assert kinds(seen) == [(Kind.DUPLICATE, 3)]
+    assert json.loads((state / "checkpoint.json").read_bytes())["version"] == 2
+
+
 def test_rotation_finishes_the_old_inode_then_reads_the_new_file(tmp_path: Path) -> None:
     """Renamed log: late lines on the old inode and its torn tail are read, then the new file."""
     log, state, clock = tmp_path / "slotrunner.jsonl", tmp_path / "state", Clock()

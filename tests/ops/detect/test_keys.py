@@ -1,4 +1,4 @@
-"""ops.detect.keys: the applied-key table finds every repeat, through growth and a restart."""
+"""ops.detect.keys: the in-memory applied-key table finds every repeat as it grows."""
 
 from __future__ import annotations
 
@@ -20,17 +20,3 @@ def test_a_sized_table_holds_the_same_answers() -> None:
     grown, sized = KeySet(), KeySet(expected=1_000_000)
     seq = [f"k{i % 5_000}" for i in range(20_000)]
     assert [grown.add(k) for k in seq] == [sized.add(k) for k in seq]
-
-
-def test_journal_digests_rebuild_the_same_set() -> None:
-    """With a journal, the digests handed out restore a set that knows exactly those keys."""
-    first = KeySet(journal=True)
-    for i in range(10_000):
-        first.add(f"key-{i}")
-    first.add("key-3")  # a repeat adds no digest
-    digests = first.take_fresh()
-    assert len(digests) == 10_000 and first.take_fresh() == []
-    again = KeySet(digests, journal=True)
-    assert len(again) == 10_000
-    assert again.add("key-9999") and not again.add("key-10000")
-    assert len(again.take_fresh()) == 1  # only the new key's digest, to be persisted
