@@ -9,6 +9,8 @@ and exit code 2 with one ``except``::
     │                                    stay queued for the next attempt
     ├── FollowError                      ops.detect.follow: a path cannot be followed,
     │                                    or the state dir is damaged
+    ├── KeyStoreError                    ops.detect.keystore: the follower's key table
+    │                                    is damaged or disagrees with its checkpoint
     ├── RestoreError                     ops.restore: a snapshot that cannot (or must
     │                                    not) be put back
     ├── StackError                       ops.testing.stack: a child process of a local

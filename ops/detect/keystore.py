@@ -28,13 +28,15 @@ import sqlite3
 from hashlib import blake2b
 from pathlib import Path
 
+from ops.errors import OpsError
+
 KEYS_FILE = "keys.sqlite"
 LEGACY_FILE = "keys.hex"
 CACHE_KIB = 4096  # SQLite's page cache: the store's whole memory, whatever its size
 _IMPORT_CHUNK = 1 << 20
 
 
-class KeyStoreError(Exception):
+class KeyStoreError(OpsError):
     """The key table is damaged or does not match the checkpoint."""
 
 
