@@ -46,8 +46,9 @@ RECEIPT_KINDS = (DUPLICATE_APPLIED, TWO_JOBS)
 UNREADABLE = (OSError, EOFError, zlib.error, sqlite3.DatabaseError)
 
 
-class Unreadable(Exception):
-    """A receipts file of a slot cannot be read; ``path`` names it."""
+class _Unreadable(Exception):
+    """A receipts file of a slot cannot be read; ``path`` names it. Private: caught in
+    this module and turned into unusable input (or a slot skipped)."""
 
     def __init__(self, path: Path, exc: BaseException) -> None:
         super().__init__(f"unreadable receipts ({type(exc).__name__}: {exc})")
@@ -121,7 +122,7 @@ def audit(
         result.slots += 1
         try:
             _audit_slot(slot_dir, result, on_violation)
-        except Unreadable as exc:
+        except _Unreadable as exc:
             result.unusable[str(exc.path)] = str(exc)
     return result
 
@@ -166,7 +167,7 @@ def _files(slot_dir: Path) -> list[tuple[Path, bool]]:
     try:
         listed = list(archive.iterdir()) if archive.is_dir() else []
     except OSError as exc:
-        raise Unreadable(archive, exc) from exc
+        raise _Unreadable(archive, exc) from exc
     copy = _crashed_copy(slot_dir)
     segments = sorted(p for p in listed if p.name.endswith(SEGMENT_SUFFIX) and p != copy)
     files = [(p, True) for p in segments]
@@ -187,7 +188,7 @@ def _crashed_copy(slot_dir: Path) -> Path | None:
                 "SELECT seq FROM rotations WHERE dev = ? AND ino = ?", (st.st_dev, st.st_ino)
             ).fetchone()
     except UNREADABLE as exc:
-        raise Unreadable(index, exc) from exc
+        raise _Unreadable(index, exc) from exc
     if row is None:
         return None
     segment = index.parent / f"{int(row[0]):08d}{SEGMENT_SUFFIX}"
@@ -198,7 +199,7 @@ def _crashed_copy(slot_dir: Path) -> Path | None:
     except FileNotFoundError:
         return None  # the crash came before the segment
     except UNREADABLE as exc:
-        raise Unreadable(segment, exc) from exc
+        raise _Unreadable(segment, exc) from exc
     return segment if same else None
 
 
@@ -209,7 +210,7 @@ def _read_only(index: Path) -> closing[sqlite3.Connection]:
 
 def _read(path: Path) -> Iterator[tuple[str, Receipt]]:
     """Each valid record of one file with its ``<file>:<line>``; a line that is not one
-    whole record is absent, as it is to the store. Raises :class:`Unreadable`."""
+    whole record is absent, as it is to the store. Raises :class:`_Unreadable`."""
     try:
         with gzip.open(path, "rb") if path.name.endswith(SEGMENT_SUFFIX) else open(path, "rb") as f:
             for n, raw in enumerate(f, 1):
@@ -217,7 +218,7 @@ def _read(path: Path) -> Iterator[tuple[str, Receipt]]:
                 if receipt is not None:
                     yield f"{path}:{n}", receipt
     except UNREADABLE as exc:
-        raise Unreadable(path, exc) from exc
+        raise _Unreadable(path, exc) from exc
 
 
 def last_slot_of(slots_dir: Path, job_id: str) -> tuple[str | None, list[str]]:
@@ -234,7 +235,7 @@ def last_slot_of(slots_dir: Path, job_id: str) -> tuple[str | None, list[str]]:
     for slot_dir in slots:
         try:
             ts = _last_ts(slot_dir, job_id)
-        except Unreadable as exc:
+        except _Unreadable as exc:
             skipped.append(str(exc.path))
             continue
         if ts is not None and (best is None or ts >= best[0]):
@@ -250,7 +251,7 @@ def _last_ts(slot_dir: Path, job_id: str) -> str | None:
             with _read_only(index) as db:
                 rows = db.execute("SELECT line FROM keys WHERE job_id = ?", (job_id,)).fetchall()
         except UNREADABLE as exc:
-            raise Unreadable(index, exc) from exc
+            raise _Unreadable(index, exc) from exc
         stamps += [r.ts for (line,) in rows if (r := parse_line(bytes(line))) is not None]
         files = [slot_dir / RECEIPTS_FILE]
     else:
