@@ -23,7 +23,9 @@ Rotation is crash-safe in its order: the keys are committed to the index first
 marker names the new empty hot file, which replaces the old one by ``rename``. A
 crash before the rename leaves the hot file whole and its keys in both places (the
 hot index answers first, and the same file maps to the same segment number, so the
-next rotation rewrites that segment instead of adding a copy). Another process's
+next rotation rewrites that segment instead of adding a copy). Only the current hot
+file keeps its mapping: each rotation retires the others' first, since the inode of
+a file a finished rotation removed can come back as a later hot file's. Another process's
 store that finds the hot file replaced reads the marker: the file it names is a
 rotation's (read from the start; the rotated keys are in the index), any other
 replacement is the loss it always was (``ReceiptDurabilityError``).
@@ -139,6 +141,16 @@ class Archive:
             db.executemany(
                 "INSERT OR IGNORE INTO keys(key, job_id, line) VALUES (?, ?, ?)",
                 [(key, r.job_id, encode_line(r)) for key, r in last.items()],
+            )
+            # Only the current hot file may find its own row (a rotation of it that
+            # crashed before its rename). Every other row names a file a finished
+            # rotation unlinked, whose inode number the filesystem may give to a later
+            # hot file: retire those (one unique impossible identity each) before that
+            # file could map onto an older generation's segment and overwrite it.
+            db.execute(
+                "UPDATE rotations SET dev = -1, ino = -seq "
+                "WHERE dev != -1 AND NOT (dev = ? AND ino = ?)",
+                identity,
             )
             db.execute(
                 "INSERT OR IGNORE INTO rotations(dev, ino, seq) VALUES "

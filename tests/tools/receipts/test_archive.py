@@ -85,6 +85,31 @@ def test_records_are_every_rotation_then_the_hot_file_each_once(slot: Path) -> N
     assert gzip.decompress(segments[0].read_bytes()).count(b"\n") == 4
 
 
+def test_a_hot_file_on_a_reused_inode_number_gets_a_segment_of_its_own(slot: Path) -> None:
+    """A finished rotation unlinks the old hot file, and the filesystem may give its
+    inode number to a later hot file (seen on ext4 within 200 rotations). That file's
+    rotation must write a new segment, not overwrite the old generation's."""
+    archive, hot = Archive(slot), slot / RECEIPTS_FILE
+    hot.write_bytes(b"")
+    first = ReceiptStore(slot)
+    applied(first, "g1:k", generation=1)
+    st = hot.stat()
+    came_back = (st.st_dev, st.st_ino)  # the identity the next file will turn up with
+    one = [r for r in first.records()]
+    archive.rotate(hot, came_back, hot_bytes(slot), {"g1:k": one[-1]})
+    for generation in (2, 3):  # later rotations, as on a long-lived slot
+        store = ReceiptStore(slot)
+        applied(store, f"g{generation}:k", generation=generation)
+        assert store.rotate() == 1
+    store = ReceiptStore(slot)
+    applied(store, "g4:k", generation=4)
+    last = [r for r in store.records() if r.key == "g4:k"][-1]
+    archive.rotate(hot, came_back, hot_bytes(slot), {"g4:k": last})
+    assert len(archive.segments()) == 4
+    keys = [r.key for r in Archive(slot).records() if r.status is Status.APPLIED]
+    assert keys == ["g1:k", "g2:k", "g3:k", "g4:k"]
+
+
 def test_a_rotation_that_fails_midway_leaves_every_receipt_readable(slot: Path) -> None:
     """The disk refuses the segment's fsync: the keys are in the index already, the hot
     file is untouched, and the next rotation writes the same segment, not a second."""
