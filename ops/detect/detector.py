@@ -50,10 +50,11 @@ from ops.detect.records import (
     LeaseRecord,
     Malformed,
     Record,
-    is_apply,
     parse_line,
 )
 from ops.detect.scan import GZIP_MAGIC, Batch, Tally, scan
+from runner.core.events import OUTCOME_APPLIED
+from tools.names import MUTATING_TOOLS
 
 __all__ = [  # the reader's names and the key set, re-exported for callers that predate them
     "GZIP_MAGIC",
@@ -239,15 +240,57 @@ def judge_batches(
     batches: Iterable[Batch], replay: Replay, kinds: Iterable[Kind] = DETECT_KINDS
 ) -> Iterator[Incident | Malformed]:
     """:func:`judge_records` over batches, the hot loop of ``ops detect``: a decoded line
-    goes to the rules as it is, and gets its path and line only if it is reported."""
+    goes to the rules as it is, and gets its path and line only if it is reported.
+
+    The same rules as :meth:`Replay.judge`, unrolled: an apply inside its owner's lease
+    (nearly all of them) is settled by one comparison of the slot's state and one key
+    insert, without a call per rule; anything else goes to :func:`judge_apply`.
+    """
     wanted = frozenset(kinds)
-    judge, lease = replay.judge, replay.lease
+    slots, add, make = replay.slots, replay.keys.add, _slot
+    applied, mutating = OUTCOME_APPLIED, MUTATING_TOOLS
     for batch in batches:
         yield from judge_records(batch.records, replay, wanted)
-        path = batch.path
+        path, applies, leases, releases = batch.path, 0, 0, 0
         for rec, n in zip(batch.lines, batch.numbers, strict=True):
-            if not isinstance(rec, AppliedLine):
-                lease(rec)
-            elif is_apply(rec) and (found := judge(rec)):
-                rec.path, rec.line = path, n
-                yield from (Incident.of(kind, rec) for kind in found if kind in wanted)
+            if not isinstance(rec, AppliedLine):  # after_lease, unrolled
+                where = (rec.host, rec.slot_id)
+                slot, gen = slots.get(where), rec.generation
+                if not rec.released:
+                    leases += 1
+                    if slot is None or gen >= slot.generation:
+                        slots[where] = make((gen, rec.job_id, rec.attempt, True, False))
+                    continue
+                releases += 1
+                if slot is None or gen > slot.generation:
+                    slots[where] = make((gen, rec.job_id, rec.attempt, False, True))
+                elif gen == slot.generation and not slot.released:
+                    slots[where] = make((gen, slot.job_id, slot.attempt, slot.leased, True))
+                continue
+            if rec.outcome != applied or rec.tool not in mutating:
+                continue
+            applies += 1
+            slot = slots.get((rec.host, rec.slot_id))
+            owned = (
+                slot is not None
+                and slot.generation == rec.generation
+                and slot.leased
+                and not slot.released
+                and slot.job_id == rec.job_id
+                and slot.attempt == rec.attempt
+                and (rec.receipt_job is None or rec.receipt_job == rec.job_id)
+            )
+            kind = None if owned else judge_apply(slot, rec)
+            if add(rec.key):
+                found: tuple[Kind, ...] = (
+                    (Kind.DUPLICATE,) if kind is None else (kind, Kind.DUPLICATE)
+                )
+            elif kind is None:
+                continue
+            else:
+                found = (kind,)
+            rec.path, rec.line = path, n
+            yield from (Incident.of(k, rec) for k in found if k in wanted)
+        replay.applies += applies
+        replay.leases += leases
+        replay.releases += releases

@@ -50,11 +50,9 @@ class KeySet:
         return self._n
 
     def add(self, key: str) -> bool:
-        """Record ``key``; True when it had been applied before."""
-        return self._place(hash(key) or 1)  # 0 marks an empty cell
-
-    def _place(self, fp: int) -> bool:
-        """Put ``fp`` in the table; True when it was there already."""
+        """Record ``key``; True when it had been applied before (the hot loop's one call
+        a key: the probe is written out here, not in a helper)."""
+        fp = hash(key) or 1  # 0 marks an empty cell
         table, mask = self._table, self._mask
         i = fp & mask
         step = (fp >> 32) | 1  # double hashing: no primary clusters near the load limit
@@ -69,14 +67,22 @@ class KeySet:
         return False
 
     def _resize(self, keys: int) -> None:
-        """A table that holds ``keys`` under the load limit, with the old cells moved in."""
+        """A table that holds ``keys`` under the load limit, with the old cells moved in
+        (each is distinct: only its free cell is looked for)."""
         cells = 1 << max(16, int(keys / self.MAX_LOAD).bit_length())
         old = self._table
         # array * n fills in place: no temporary zero buffer doubling the peak
-        self._table, self._mask, self._n = array("q", [0]) * cells, cells - 1, 0
+        table = self._table = array("q", [0]) * cells
+        mask = self._mask = cells - 1
         self._limit = int(cells * self.MAX_LOAD)
+        moved = 0
         for fp in filter(None, old):
-            self._place(fp)
+            i, step = fp & mask, (fp >> 32) | 1
+            while table[i]:
+                i = (i + step) & mask
+            table[i] = fp
+            moved += 1
+        self._n = moved
 
 
 def expected_keys(tallies: Iterable[Tally]) -> int:
