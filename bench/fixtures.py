@@ -93,18 +93,20 @@ def toolserver(
     return settings, child
 
 
-def noop_server(log_dir: Path) -> tuple[str, Child]:
-    """The baseline HTTP server (``bench.noop_server``), started the same way."""
+def noop_server(log_dir: Path, module: str = "bench.noop_server") -> tuple[str, Child]:
+    """The baseline HTTP server (``bench.noop_server``), started the same way; or another
+    no-op server module with the same ``--port`` and ``/healthz`` (``bench.noop_mcp``)."""
     port = free_port()
     env = stack_env(
         os.environ,
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
     )
+    name = module.rpartition(".")[2].replace("_", "-")
     child = Child(
-        "noop-server",
-        [sys.executable, "-m", "bench.noop_server", "--port", str(port)],
+        name,
+        [sys.executable, "-m", module, "--port", str(port)],
         env,
-        log_dir / "noop-server.out",
+        log_dir / f"{name}.out",
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(child, f"{url}/healthz", 30.0)

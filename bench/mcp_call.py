@@ -10,6 +10,13 @@ Baseline: ``POST /v1/tools/write_file`` with the same envelope and arguments, se
 an ``httpx2.AsyncClient`` (the HTTP library the MCP client stands on) on the same event
 loop, to the same server. Both arms apply every call.
 
+Floor: what the ``mcp`` package itself adds to a call, measured on servers that do
+nothing: ``call_tool`` by the same official client to a no-op MCP server (the same
+package in the same stateless JSON mode, ``bench.noop_mcp``), against an httpx2 POST to
+the no-op HTTP server (``bench.noop_server``), both interleaved with the arms above.
+The floor is the HTTP call plus that difference, pair by pair: the least an MCP call
+of this work can cost here with this package, whatever the tool server's door does.
+
 Goal: the MCP call costs at most 1.3x the HTTP call.
 """
 
@@ -26,8 +33,19 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import RequestParamsMeta
 
-from bench.fixtures import Context, lease_slot, make_repo, settings_for, toolserver
-from bench.stats import BenchResult, Figure, Goal, Run, cost_ratio, interleave, summarize, timed
+from bench.fixtures import Context, lease_slot, make_repo, noop_server, settings_for, toolserver
+from bench.stats import (
+    BenchResult,
+    Figure,
+    Floor,
+    Goal,
+    Run,
+    cost_ratio,
+    floor_figure,
+    interleave,
+    summarize,
+    timed,
+)
 from runner.slots.pool import Lease
 
 GOAL = Goal("<=", 1.3, "<= 1.3x the same call over the HTTP API")
@@ -48,6 +66,27 @@ async def _clients(url: str, token: str) -> AsyncIterator[tuple[ClientSession, h
         yield session, plain
 
 
+def _floor(runs: dict[str, list[Run]]) -> tuple[Floor, list[Run]]:
+    """The MCP floor: each repetition's HTTP call plus what the package adds doing nothing."""
+    floor_runs = []
+    for base, mcp_, http in zip(runs["baseline"], runs["noop_mcp"], runs["noop_http"], strict=True):
+        extra = max(0.0, mcp_.cost_s - http.cost_s)  # what the package adds to one call
+        floor_runs.append(
+            Run(tuple(t + extra for t in base.op_s), base.wall_s + extra * base.ops, base.ops)
+        )
+    value = cost_ratio(floor_runs, runs["baseline"])[0]
+    ratio, low, high = cost_ratio(runs["subject"], floor_runs)
+    floor = Floor(
+        name="mcp.floor_package",
+        what="the HTTP call + (mcp client -> no-op MCP server) - (httpx2 -> no-op HTTP server)",
+        value=value,
+        ratio=ratio,
+        ratio_means="subject time per call / floor time per call",
+        spread=(low, high),
+    )
+    return floor, floor_runs
+
+
 def run(ctx: Context) -> BenchResult:
     result = BenchResult("mcp")
     reps, n = ctx.pick(3, 7), ctx.pick(60, 300)
@@ -59,9 +98,21 @@ def run(ctx: Context) -> BenchResult:
         base = make_repo(work / "repo", {"pkg/lock.py": "held_by = None\n", "README": "x\n"})
         stamp, _ = lease_slot(settings, work / "repo", base, "bench-mcp")
         assert isinstance(stamp, Lease) and stamp.token
+        noop_http_url, noop_http = noop_server(work / "logs")
+        stack.callback(noop_http.stop)
+        noop_mcp_url, noop_mcp = noop_server(work / "logs", "bench.noop_mcp")
+        stack.callback(noop_mcp.stop)
         portal = stack.enter_context(start_blocking_portal())
         session, plain = stack.enter_context(
             portal.wrap_async_context_manager(_clients(settings.toolserver_url, stamp.token))
+        )
+        noop_session, _ = stack.enter_context(
+            portal.wrap_async_context_manager(_clients(noop_mcp_url, "unused"))
+        )
+        noop_post = stack.enter_context(
+            portal.wrap_async_context_manager(
+                httpx2.AsyncClient(base_url=noop_http_url, timeout=30)
+            )
         )
         calls = 0
 
@@ -90,6 +141,17 @@ def run(ctx: Context) -> BenchResult:
             if reply.status_code != 200 or reply.json()["receipt"]["status"] != "applied":
                 raise RuntimeError(f"HTTP write_file did not apply: {reply.text}")
 
+        async def noop_by_mcp(i: int, key: str) -> None:
+            meta = cast(RequestParamsMeta, {KEY_META: key})
+            reply = await noop_session.call_tool("write_file", args(i), meta=meta)
+            if reply.is_error:
+                raise RuntimeError(f"the no-op MCP server refused: {reply}")
+
+        async def noop_by_http(i: int, key: str) -> None:
+            body = {"envelope": {"idempotency_key": key, "tool": "write_file"}, "args": args(i)}
+            reply = await noop_post.post("/v1/tools/write_file", json=body)
+            reply.raise_for_status()
+
         def subject_call(i: int) -> None:
             nonlocal calls
             calls += 1
@@ -100,17 +162,26 @@ def run(ctx: Context) -> BenchResult:
             calls += 1
             portal.call(by_http, i, f"bench-http:{calls}")
 
-        # Warm both: connections, imports, the receipt and log files exist.
-        timed(10, subject_call)
-        timed(10, baseline_call)
+        def noop_mcp_call(i: int) -> None:
+            portal.call(noop_by_mcp, i, f"noop-mcp:{i}")
 
-        def subject(_: int) -> Run:
-            return timed(n, subject_call)
+        def noop_http_call(i: int) -> None:
+            portal.call(noop_by_http, i, f"noop-http:{i}")
 
-        def baseline(_: int) -> Run:
-            return timed(n, baseline_call)
+        # Warm all: connections, imports, the receipt and log files exist.
+        for call in (subject_call, baseline_call, noop_mcp_call, noop_http_call):
+            timed(10, call)
 
-        runs = interleave(reps, {"subject": subject, "baseline": baseline})
+        runs = interleave(
+            reps,
+            {
+                "subject": lambda _: timed(n, subject_call),
+                "baseline": lambda _: timed(n, baseline_call),
+                "noop_mcp": lambda _: timed(n, noop_mcp_call),
+                "noop_http": lambda _: timed(n, noop_http_call),
+            },
+        )
+        floor, floor_runs = _floor(runs)
         ratio, low, high = cost_ratio(runs["subject"], runs["baseline"])
         result.figures.append(
             Figure(
@@ -125,6 +196,22 @@ def run(ctx: Context) -> BenchResult:
                 ratio_means="MCP time per call / HTTP API time per call",
                 spread=(low, high),
                 goal=GOAL,
+                floor=floor,
+            )
+        )
+        result.figures.append(
+            floor_figure(
+                "mcp.floor_package",
+                "the HTTP call + what the mcp package adds to a call doing nothing",
+                ("the floor (see its definition)", "httpx2 POST /v1/tools/write_file"),
+                "calls/s",
+                (summarize(floor_runs), summarize(runs["baseline"])),
+                cost_ratio(floor_runs, runs["baseline"]),
+                "floor time per call / HTTP API time per call",
+                note=(
+                    f"no-op MCP call p50 {summarize(runs['noop_mcp'])['p50_ms']:.3f} ms, "
+                    f"no-op HTTP POST p50 {summarize(runs['noop_http'])['p50_ms']:.3f} ms"
+                ),
             )
         )
         result.notes.append(

@@ -14,6 +14,7 @@ import argparse
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
 
 def create_app() -> FastAPI:
@@ -31,15 +32,18 @@ def create_app() -> FastAPI:
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
+def serve(app: ASGIApp, prog: str, argv: list[str] | None) -> None:
+    """Run ``app`` as the tool server runs: 127.0.0.1, warning log level, no access log."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m bench.noop_server")
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1")
     args = parser.parse_args(argv)
-    uvicorn.run(
-        create_app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
-    )
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve(create_app(), "python -m bench.noop_server", argv)
 
 
 if __name__ == "__main__":
