@@ -6,6 +6,8 @@ it (``tools/sandbox/shim.py``); both pipes are read incrementally, each stream k
 group and pids cgroup. With
 ``merged`` (the ``exec`` tool) stdout and stderr are one pipe, so the output keeps the
 order the command wrote it in, and the kept part is its head and its tail.
+:func:`execute_in` runs a bubblewrap command as a zygote that joined its cgroup ahead
+of the call (``tools/sandbox/zygote.py``); both end in :func:`drive`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from tools.sandbox.cgroup import GRACE_S, PidsCgroup
 from tools.sandbox.policy import Limits, rlimits
-from tools.sandbox.shim import child_argv, find_prlimit
+from tools.sandbox.shim import capped, child_argv, find_prlimit
+from tools.sandbox.zygote import Zygote
 
 _READ_CHUNK = 64 * 1024
 
@@ -103,6 +106,26 @@ def execute(
         stderr=subprocess.STDOUT if merged else subprocess.PIPE,
         start_new_session=True,
     )
+    return drive(proc, limits, cgroup, merged=merged)
+
+
+def execute_in(zygote: Zygote, command: Sequence[str], limits: Limits) -> Outcome | None:
+    """Run ``command`` as ``zygote`` (``tools/sandbox/zygote.py``: already in its cgroup),
+    as :func:`execute` would, its cgroup removed after; None when the zygote cannot be
+    used (discarded: nothing ran)."""
+    if not zygote.start(command, capped(rlimits(limits, False)), limits.processes):
+        zygote.discard()
+        return None
+    try:
+        return drive(zygote.proc, limits, zygote.cgroup, merged=zygote.proc.stderr is None)
+    finally:
+        zygote.cgroup.remove()
+
+
+def drive(
+    proc: subprocess.Popen[bytes], limits: Limits, cgroup: PidsCgroup | None, *, merged: bool
+) -> Outcome:
+    """Pump a started child's pipes to its end, to the deadline, then kill what is left."""
     assert proc.stdout is not None
     streams = [proc.stdout] if proc.stderr is None else [proc.stdout, proc.stderr]
     buffers = {s.fileno(): _Capture(limits.output_bytes, tail=merged) for s in streams}

@@ -59,7 +59,8 @@ from tools.sandbox.policy import (
     rlimits,
     sandbox_env,
 )
-from tools.sandbox.process import execute
+from tools.sandbox.process import Outcome, execute, execute_in
+from tools.sandbox.zygote import POOL, takes_clearenv, with_env
 
 __all__ = [
     "DEFAULT_PATH",
@@ -148,10 +149,6 @@ def run(
         bwrap = find_bwrap(path_env)
         test = self_test(bwrap) if bwrap else missing()
     used, warning = choose_mode(mode, test)
-    cgroup = PidsCgroup.create(limits.processes)
-    if cgroup is None and os.geteuid() == 0:
-        note = "process limit NOT enforced: running as root with no writable pids cgroup"
-        warning = f"{warning}; {note}" if warning else note
     command = list(argv)
     if used == "bwrap":
         assert test is not None and test.bwrap is not None
@@ -165,11 +162,23 @@ def run(
             + command
         )
     started = time.monotonic()
+    POOL.begin()
     try:
-        outcome = execute(command, work, full_env, limits, cgroup, merged=merged)
+        outcome = _in_zygote(command, full_env, limits, merged) if used == "bwrap" else None
+        if outcome is None:
+            cgroup = PidsCgroup.create(limits.processes)
+            if cgroup is None and os.geteuid() == 0:
+                note = "process limit NOT enforced: running as root with no writable pids cgroup"
+                warning = f"{warning}; {note}" if warning else note
+            try:
+                outcome = execute(command, work, full_env, limits, cgroup, merged=merged)
+            finally:
+                if cgroup is not None:
+                    cgroup.remove()
     finally:
-        if cgroup is not None:
-            cgroup.remove()
+        POOL.end()
+    if used == "bwrap" and takes_clearenv(command[0]):
+        POOL.refill(limits.processes, merged)  # for a later run, once the host is quiet
     exit_code, killed_signal = exit_status(outcome.returncode, used)
     return SandboxResult(
         exit_code=exit_code,
@@ -182,3 +191,14 @@ def run(
         warning=warning,
         duration_ms=(time.monotonic() - started) * 1000.0,
     )
+
+
+def _in_zygote(
+    command: Sequence[str], env: Mapping[str, str], limits: Limits, merged: bool
+) -> Outcome | None:
+    """The bwrap ``command`` run by a zygote already in its pids cgroup (its environment
+    set by bwrap: ``tools/sandbox/zygote.py``); None: none was ready, run it afresh."""
+    if not takes_clearenv(command[0]):
+        return None
+    zygote = POOL.take(merged)
+    return None if zygote is None else execute_in(zygote, with_env(command, env), limits)

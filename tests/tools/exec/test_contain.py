@@ -110,6 +110,7 @@ def test_the_pid_namespace_alone_ends_them(
     from tools.sandbox import run as sandbox
 
     monkeypatch.setattr("tools.sandbox.run.PidsCgroup.create", lambda max_pids: None)
+    monkeypatch.setattr("tools.sandbox.run.POOL.take", lambda merged: None)  # none waits
     work = new_home(homes)
     d = unique_sleep()
     result = sandbox.run(["bash", "-c", leavers(d) + "echo ok"], work, mode="required", merged=True)
