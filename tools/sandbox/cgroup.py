@@ -78,6 +78,28 @@ class PidsCgroup:
             poll_until(removed, GRACE_S, POLL_S)
 
 
+def sweep_dead() -> int:
+    """Remove the empty cgroups of slotrunner processes that are gone (a server killed
+    while a zygote waited or a run went on leaves its cgroup behind); how many.
+
+    Only an empty cgroup can be removed, and only one whose creator's pid is not
+    running is tried, so a live run's is never touched."""
+    removed = 0
+    for parent in _pids_parents():
+        try:
+            children = list(parent.glob("slotrunner-*-*"))
+        except OSError:
+            continue
+        for child in children:
+            owner = child.name.split("-")[1]
+            if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+                continue
+            with contextlib.suppress(OSError):
+                child.rmdir()
+                removed += 1
+    return removed
+
+
 def _pids_parents() -> list[Path]:
     """Where this process may create a pids cgroup: v1 pids hierarchy, else v2."""
     try:

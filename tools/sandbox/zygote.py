@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tools.sandbox.cgroup import PidsCgroup
+from tools.sandbox.cgroup import PidsCgroup, sweep_dead
 from tools.sandbox.policy import DEFAULT_PATH, sandbox_env
 
 # $1: the cgroup.procs file, $2: the memfd's number. Join or exit; wait for the line;
@@ -178,6 +178,7 @@ class Pool:
         self.enabled = True
         self.running = 0  # runs going on in this process
         self.last_end = 0.0
+        self.swept = False
 
     def begin(self) -> None:
         """A run starts (no zygote is started while one goes on)."""
@@ -216,6 +217,9 @@ class Pool:
         try:
             while self.enabled and not self._quiet():
                 time.sleep(QUIET_S)
+            if not self.swept:  # once a process: what killed servers' zygotes left
+                self.swept = True
+                sweep_dead()
             zygote = spawn(max_pids, merged) if self.enabled else None
         finally:
             with self.lock:

@@ -5,6 +5,7 @@ cgroup gone after; one that cannot be used runs nothing. docs/architecture.md §
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -93,3 +94,28 @@ def test_a_zygote_whose_server_is_gone_exits_126_without_running() -> None:
     assert not Path(marker).exists()
     made.discard()
     assert not made.cgroup.path.exists()
+
+
+def test_the_empty_cgroup_of_a_dead_process_is_swept_and_a_live_one_kept() -> None:
+    """What a killed server's zygote leaves (an empty cgroup named by a pid no longer
+    running) is removed; a live process's cgroup is not."""
+    from tools.sandbox.cgroup import PidsCgroup, sweep_dead
+
+    mine = PidsCgroup.create(8)
+    assert mine is not None
+    dead = mine.path.with_name(f"slotrunner-{_dead_pid()}-{os.urandom(6).hex()}")
+    dead.mkdir()
+    try:
+        assert sweep_dead() >= 1
+        assert not dead.exists() and mine.path.exists()
+    finally:
+        if dead.exists():
+            dead.rmdir()
+        mine.remove()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    assert not Path(f"/proc/{proc.pid}").exists()
+    return proc.pid
