@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from runner.admission.lease import (
     AdmissionRefused,
@@ -109,6 +110,7 @@ class AdmissionDesk:
         poll_s: float = DEFAULT_POLL_S,
         home: Path | None = None,
         recovery_hold_s: float = DEFAULT_RECOVERY_HOLD_S,
+        aio_client: redis.asyncio.Redis | None = None,
     ) -> None:
         if not isinstance(eval_run, str) or not _EVAL_RUN.fullmatch(eval_run):
             problem = "must be 1-200 characters without whitespace or braces"
@@ -136,6 +138,10 @@ class AdmissionDesk:
         self._acquire_script = redis_client.register_script(ACQUIRE_LUA)
         self._give_up_script = redis_client.register_script(GIVE_UP_LUA)
         self._transition_script = redis_client.register_script(TRANSITION_LUA)
+        # The same script on the same server for callers on an event loop (the gateway).
+        self._aio_transition_script = (
+            aio_client.register_script(TRANSITION_LUA) if aio_client is not None else None
+        )
 
     def acquire(self, step: int, deadline_s: float) -> Lease:
         """Hold capacity for one request of planner ``step``, waiting up to ``deadline_s``.
@@ -214,14 +220,28 @@ class AdmissionDesk:
         Raises :class:`StaleCompletion` (counted as ``stale_completion``) when the
         lease is not live: expired, cancelled, released, unknown or of a lost epoch.
         """
-        result, state = self._transition(Op.APPLY, lease)
-        if result == Result.STALE:
-            raise StaleCompletion(state, lease)
-        return result == Result.COMMIT
+        return self._applied([self._transition(Op.APPLY, lease)], lease)
 
     def release(self, lease: Lease) -> bool:
         """Return the lease's capacity: True once per lease, False (counted) after that."""
         return self._transition(Op.RELEASE, lease)[0] == Result.CHANGED
+
+    def apply_and_release(self, lease: Lease) -> bool:
+        """:meth:`apply`, then :meth:`release` whatever the apply said, in one script call
+        (one round trip, atomically). Returns and raises as :meth:`apply` does; the
+        capacity is back either way."""
+        return self._applied(self._transitions((Op.APPLY, Op.RELEASE), lease), lease)
+
+    async def apply_and_release_async(self, lease: Lease) -> bool:
+        """:meth:`apply_and_release` on the desk's ``aio_client``, without a thread. A new
+        epoch seen is recorded in the witness file from the calling thread (it happens
+        once per epoch)."""
+        if self._aio_transition_script is None:
+            raise RuntimeError("this desk was made without an aio_client")
+        ops = (Op.APPLY, Op.RELEASE)
+        keys, args = self._call(ops, lease)
+        reply = await self._aio_transition_script(keys=keys, args=args)
+        return self._applied(self._outcomes(ops, reply), lease)
 
     def committed_lease(self, step: int) -> str | None:
         """The lease id whose completion committed ``step``, if any."""
@@ -271,18 +291,39 @@ class AdmissionDesk:
         self._epochs.saw(_text(epoch))
 
     def _transition(self, op: Op, lease: Lease) -> tuple[Result, LeaseState]:
+        return self._transitions((op,), lease)[0]
+
+    def _transitions(self, ops: tuple[Op, ...], lease: Lease) -> list[tuple[Result, LeaseState]]:
+        keys, args = self._call(ops, lease)
+        return self._outcomes(ops, self._transition_script(keys=keys, args=args))
+
+    def _call(self, ops: tuple[Op, ...], lease: Lease) -> tuple[list[str], list[Any]]:
+        """The transition script's keys and args: ``ops`` applied to ``lease`` in order."""
         if not isinstance(lease, Lease):
             raise TypeError(f"expected a Lease, got {type(lease).__name__}")
-        reply = self._transition_script(
-            keys=[self.keys.desk, self.keys.leases, self.keys.committed],
-            args=[
-                *self._desk_args(),
-                op.value,
-                lease.lease_id,
-                str(lease.generation),
-                str(lease.step),
-                lease.epoch,
-            ],
-        )
-        self._epochs.saw(_text(reply[2]))
-        return Result(_text(reply[0])), LeaseState(_text(reply[1]))
+        keys = [self.keys.desk, self.keys.leases, self.keys.committed]
+        args = [
+            *self._desk_args(),
+            ",".join(op.value for op in ops),
+            lease.lease_id,
+            str(lease.generation),
+            str(lease.step),
+            lease.epoch,
+        ]
+        return keys, args
+
+    def _outcomes(self, ops: tuple[Op, ...], reply: Any) -> list[tuple[Result, LeaseState]]:
+        """Each op's result and the state it found the lease in; the epoch remembered."""
+        self._epochs.saw(_text(reply[-1]))
+        return [
+            (Result(_text(reply[i])), LeaseState(_text(reply[i + 1])))
+            for i in range(0, 2 * len(ops), 2)
+        ]
+
+    @staticmethod
+    def _applied(outcomes: list[tuple[Result, LeaseState]], lease: Lease) -> bool:
+        """An apply's outcome (the first): committed, a duplicate (False), or stale."""
+        result, state = outcomes[0]
+        if result == Result.STALE:
+            raise StaleCompletion(state, lease)
+        return result == Result.COMMIT

@@ -122,47 +122,55 @@ return epoch
 """
 
 _TRANSITION = """
--- transition. KEYS: desk, leases, committed. ARGV: DESK_ARGS, op, lease_id,
+-- transition. KEYS: desk, leases, committed. ARGV: DESK_ARGS, ops, lease_id,
 -- generation, step, lease_epoch. Applies one cell of TRANSITIONS (the Python table,
--- embedded below as JSON) to one lease; a commit is HSETNX, so one per step. Replies
--- {result, state the lease was in, the desk's epoch}.
+-- embedded below as JSON) to one lease for each op of ops (comma-separated, applied
+-- in order, each to the state the one before left: 'apply,release' is apply, then
+-- release, in one call); a commit is HSETNX, so one per step. Replies {result, state
+-- the lease was in} for each op, then the desk's epoch.
 local desk, leases, committed = KEYS[1], KEYS[2], KEYS[3]
 local _, epoch = ensure_desk(desk, leases, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-local op, lease_id, generation, step, lease_epoch = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local lease_id, generation, step, lease_epoch = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local T = cjson.decode(TABLE_JSON)
-local raw = redis.call('HGET', leases, lease_id)
-local state, rec
-if raw then
-  rec = cjson.decode(raw)
-  if rec.generation == generation and rec.step == step and rec.epoch == lease_epoch then
-    state = rec.state
+local reply = {}
+for op in string.gmatch(ARGV[5], '[^,]+') do
+  local raw = redis.call('HGET', leases, lease_id)
+  local state, rec
+  if raw then
+    rec = cjson.decode(raw)
+    if rec.generation == generation and rec.step == step and rec.epoch == lease_epoch then
+      state = rec.state
+    else
+      state = 'unknown'
+    end
+  elseif lease_epoch ~= epoch then
+    state = 'foreign'
   else
     state = 'unknown'
   end
-elseif lease_epoch ~= epoch then
-  state = 'foreign'
-else
-  state = 'unknown'
+  local tr = T[state][op]
+  local result = tr.result
+  if result == 'commit' and redis.call('HSETNX', committed, step, lease_id) == 0 then
+    result = 'duplicate'
+    redis.call('HINCRBY', desk, 'duplicate_completion', 1)
+  end
+  if tr.to ~= '' then
+    rec = rec or {generation = generation, step = step, epoch = lease_epoch}
+    rec.state = tr.to
+    redis.call('HSET', leases, lease_id, cjson.encode(rec))
+  end
+  if tr.in_flight < 0 and tonumber(redis.call('HGET', desk, 'in_flight')) <= 0 then
+    redis.call('HINCRBY', desk, 'underflow_prevented', 1)
+  elseif tr.in_flight ~= 0 then
+    redis.call('HINCRBY', desk, 'in_flight', tr.in_flight)
+  end
+  if tr.bump then redis.call('HINCRBY', desk, 'generation', 1) end
+  if tr.counter ~= '' then redis.call('HINCRBY', desk, tr.counter, 1) end
+  reply[#reply + 1] = result
+  reply[#reply + 1] = state
 end
-local tr = T[state][op]
-local result = tr.result
-if result == 'commit' and redis.call('HSETNX', committed, step, lease_id) == 0 then
-  result = 'duplicate'
-  redis.call('HINCRBY', desk, 'duplicate_completion', 1)
-end
-if tr.to ~= '' then
-  rec = rec or {generation = generation, step = step, epoch = lease_epoch}
-  rec.state = tr.to
-  redis.call('HSET', leases, lease_id, cjson.encode(rec))
-end
-if tr.in_flight < 0 and tonumber(redis.call('HGET', desk, 'in_flight')) <= 0 then
-  redis.call('HINCRBY', desk, 'underflow_prevented', 1)
-elseif tr.in_flight ~= 0 then
-  redis.call('HINCRBY', desk, 'in_flight', tr.in_flight)
-end
-if tr.bump then redis.call('HINCRBY', desk, 'generation', 1) end
-if tr.counter ~= '' then redis.call('HINCRBY', desk, tr.counter, 1) end
-return {result, state, epoch}
+reply[#reply + 1] = epoch
+return reply
 """
 
 
