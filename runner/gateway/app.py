@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import redis
+import redis.asyncio
 from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -57,6 +58,30 @@ KEEPALIVE_CONNECTIONS = 128
 
 class GatewayConfigError(RunnerError):
     """The gateway would start in an unsafe configuration (off loopback without a token)."""
+
+
+# What a connection of the blocking client is made with that an asyncio one takes too.
+_TWIN_KWARGS = frozenset(
+    {
+        *("host", "port", "path", "db", "username", "password", "client_name"),
+        *("decode_responses", "encoding", "encoding_errors", "health_check_interval"),
+        *("socket_timeout", "socket_connect_timeout", "socket_keepalive"),
+        *("ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_check_hostname"),
+    }
+)
+
+
+def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
+    """An asyncio client of the server ``client`` talks to, made as ``client`` was."""
+    pool = client.connection_pool
+    kind: type[redis.asyncio.Connection] = {
+        "UnixDomainSocketConnection": redis.asyncio.UnixDomainSocketConnection,
+        "SSLConnection": redis.asyncio.SSLConnection,
+    }.get(pool.connection_class.__name__, redis.asyncio.Connection)
+    given = {k: v for k, v in pool.connection_kwargs.items() if k in _TWIN_KWARGS}
+    return redis.asyncio.Redis(
+        connection_pool=redis.asyncio.ConnectionPool(connection_class=kind, **given)
+    )
 
 
 def _bearer(request: Request) -> str:
@@ -87,13 +112,18 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS)
-        async with httpx.AsyncClient(
-            limits=limits,
-            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
-            transport=httpx.AsyncHTTPTransport(retries=0, limits=limits),
-        ) as http:
+        aio = async_twin(client)  # made here: an asyncio client belongs to its loop
+        async with (
+            aio,
+            httpx.AsyncClient(
+                limits=limits,
+                timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+                transport=httpx.AsyncHTTPTransport(retries=0, limits=limits),
+            ) as http,
+        ):
             forwarder = Forwarder(
                 client,
+                aio,
                 http,
                 metrics,
                 home=settings.home,

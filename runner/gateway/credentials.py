@@ -21,6 +21,7 @@ import secrets
 from dataclasses import dataclass
 
 import redis
+import redis.asyncio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runner.core import keys
@@ -121,24 +122,55 @@ def revoke_credential(client: redis.Redis, secret: str) -> bool:
     return bool(client.delete(keys.gateway_credential(digest(secret))))
 
 
-def authenticate(client: redis.Redis, secret: str) -> Caller | None:
+class Authenticator:
     """The caller a secret stands for, or None when it is unknown, expired or revoked
-    (or its stored grant is unreadable: a credential that cannot be judged is refused)."""
-    if not secret.startswith(SECRET_PREFIX):
-        return None
-    key = keys.gateway_credential(digest(secret))
-    pipe = client.pipeline(transaction=False)
-    pipe.get(key)
-    pipe.pttl(key)
-    raw, ttl_ms = pipe.execute()
-    if raw is None or ttl_ms is None or int(ttl_ms) <= 0:
-        return None
-    try:
-        grant = Grant.model_validate_json(raw)
-    except ValidationError:
-        return None
-    current = client.get(keys.job_attempt(grant.job_id))
-    superseded_by = None
-    if current is not None and int(current) > grant.attempt:
-        superseded_by = int(current)
-    return Caller(grant, int(ttl_ms) / 1000, superseded_by)
+    (or its stored grant is unreadable: a credential that cannot be judged is refused).
+
+    One Redis round trip, on the gateway's event loop (``redis.asyncio``), for a
+    credential seen before: the grant stored under a digest never changes (the secret
+    is random and minted once), so its parsed form is kept here, by digest, with the
+    JSON it was parsed from. Each call still reads the stored JSON, its TTL and the
+    job's attempt in one pipeline, and the kept grant is used only when the JSON read
+    is the JSON kept, so a revoked or expired credential is refused on the very next
+    call, as before. At most ``max_kept`` grants are kept, the oldest dropped first.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, max_kept: int = 4096) -> None:
+        self._client = client
+        self._max_kept = max_kept
+        self._kept: dict[str, tuple[str | bytes, Grant]] = {}
+
+    async def __call__(self, secret: str) -> Caller | None:
+        if not secret.startswith(SECRET_PREFIX):
+            return None
+        hashed = digest(secret)
+        key = keys.gateway_credential(hashed)
+        kept = self._kept.get(hashed)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.pttl(key)
+        if kept is not None:
+            pipe.get(keys.job_attempt(kept[1].job_id))
+        replies = await pipe.execute()
+        raw, ttl_ms = replies[0], replies[1]
+        if raw is None or ttl_ms is None or int(ttl_ms) <= 0:
+            self._kept.pop(hashed, None)
+            return None
+        if kept is not None and kept[0] == raw:
+            grant, current = kept[1], replies[2]
+        else:
+            try:
+                grant = Grant.model_validate_json(raw)
+            except ValidationError:
+                return None
+            self._keep(hashed, raw, grant)
+            current = await self._client.get(keys.job_attempt(grant.job_id))
+        superseded_by = None
+        if current is not None and int(current) > grant.attempt:
+            superseded_by = int(current)
+        return Caller(grant, int(ttl_ms) / 1000, superseded_by)
+
+    def _keep(self, hashed: str, raw: str | bytes, grant: Grant) -> None:
+        while len(self._kept) >= self._max_kept:
+            del self._kept[next(iter(self._kept))]
+        self._kept[hashed] = (raw, grant)

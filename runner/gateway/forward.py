@@ -19,9 +19,12 @@ requests of the gateway and of the planner share one bound (I6):
   (a 5xx or a failed connection is a 502), at the end of a stream, after a late
   answer was judged.
 
-Desk calls are blocking Redis calls, so they run in worker threads; a caller waiting
-for capacity holds a thread of its own pool, so the quick calls (apply, release)
-never queue behind waiters (docs/architecture.md §Gateway).
+The credential check and the apply-and-release of a whole answer (one script call)
+are made from the event loop on an asyncio Redis client of the same server: each
+thread hop costs wake-ups on the critical path. The other desk calls are blocking
+Redis calls, so they run in worker threads; a caller waiting for capacity holds a
+thread of its own pool, so the quick calls (expire, release, cancel) never queue
+behind waiters (docs/architecture.md §Gateway).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import anyio
 import anyio.to_thread
 import httpx
 import redis
+import redis.asyncio
 from starlette.responses import Response
 
 from runner.admission.desk import DEFAULT_MAX_WAITING, AdmissionDesk
@@ -49,7 +53,7 @@ from runner.admission.lease import (
     StaleCompletion,
 )
 from runner.agent import openai_wire as wire
-from runner.gateway.credentials import Caller, Grant, authenticate
+from runner.gateway.credentials import Authenticator, Caller, Grant
 from runner.gateway.metrics import GatewayMetrics
 from runner.gateway.replies import LeasedStream, error, error_event, is_event_stream, passed_headers
 
@@ -76,6 +80,7 @@ class Forwarder:
     def __init__(
         self,
         redis_client: redis.Redis,
+        aio_redis: redis.asyncio.Redis,
         http: httpx.AsyncClient,
         metrics: GatewayMetrics,
         *,
@@ -85,6 +90,7 @@ class Forwarder:
         max_waiting: int = DEFAULT_MAX_WAITING,
     ) -> None:
         self.redis = redis_client
+        self.aio_redis = aio_redis  # the same server, for the calls made on the loop
         self.http = http
         self.metrics = metrics
         self.home = home
@@ -96,6 +102,7 @@ class Forwarder:
         self._acquiring = anyio.CapacityLimiter(ACQUIRE_THREADS)
         self._quick = anyio.CapacityLimiter(QUICK_THREADS)
         self._background: set[asyncio.Task[None]] = set()
+        self._authenticate = Authenticator(aio_redis)
 
     # -- threads and background work -----------------------------------------------
 
@@ -130,6 +137,7 @@ class Forwarder:
                 home=self.home,
                 recovery_hold_s=hold_s,
                 max_waiting=self.max_waiting,
+                aio_client=self.aio_redis,
             )
         return desk
 
@@ -138,7 +146,7 @@ class Forwarder:
         return {desk.eval_run: desk for desk in self._desks.values()}
 
     async def authenticate(self, secret: str) -> Caller | None:
-        return await self.quick(authenticate, self.redis, secret)
+        return await self._authenticate(secret)
 
     # -- one request --------------------------------------------------------------------
 
@@ -317,19 +325,13 @@ class Flight:
         return await self.forwarder.quick(self.desk.apply, self.lease)
 
     async def apply_and_release(self) -> bool:
-        """Apply, then release whatever the apply said: one trip to a worker thread."""
-
-        def both() -> bool:
-            try:
-                return self.desk.apply(self.lease)
-            finally:
-                self.desk.release(self.lease)
-
+        """Apply, then release whatever the apply said: one script call at the desk, made
+        from the event loop (no worker thread)."""
         self.released = True
         self.forwarder.metrics.leased(-1)
         committed = False
         with anyio.CancelScope(shield=True):
-            committed = await self.forwarder.quick(both)
+            committed = await self.desk.apply_and_release_async(self.lease)
         return committed
 
     async def end_stream(self, response: httpx.Response) -> None:
