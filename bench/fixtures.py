@@ -93,9 +93,10 @@ def toolserver(
     return settings, child
 
 
-def noop_server(log_dir: Path, module: str = "bench.noop_server") -> tuple[str, Child]:
+def noop_server(log_dir: Path, module: str = "bench.noop_server", *args: str) -> tuple[str, Child]:
     """The baseline HTTP server (``bench.noop_server``), started the same way; or another
-    no-op server module with the same ``--port`` and ``/healthz`` (``bench.noop_mcp``)."""
+    no-op server module with the same ``--port`` and ``/healthz`` (``bench.noop_mcp``,
+    ``bench.noop_proxy``), ``args`` after its port."""
     port = free_port()
     env = stack_env(
         os.environ,
@@ -104,7 +105,7 @@ def noop_server(log_dir: Path, module: str = "bench.noop_server") -> tuple[str, 
     name = module.rpartition(".")[2].replace("_", "-")
     child = Child(
         name,
-        [sys.executable, "-m", module, "--port", str(port)],
+        [sys.executable, "-m", module, "--port", str(port), *args],
         env,
         log_dir / f"{name}.out",
     )

@@ -199,6 +199,8 @@ def run(ctx: Context) -> BenchResult:
         )
     )
     result.notes.append(
+        "Every size (catch-up: the first follower over the whole log; restarted: the same "
+        "state dir, then the live traffic):\n\n"
         "| keys | log MB | catch-up s | catch-up MB/s | catch-up VmHWM MB | state MB "
         "| restarted VmHWM MB |\n|---|---|---|---|---|---|---|\n"
         + "\n".join(

@@ -14,6 +14,10 @@ Figures: p50 and p99 per call, each as subject over baseline (a model's own late
 is seconds; the fake's 20 ms is a fast model, so the ratio is an upper bound of what
 an agent would notice).
 
+Floor: the same request through a proxy that does nothing else (``bench.noop_proxy``:
+the raw body forwarded by a kept-alive async httpx client, on the same web stack),
+interleaved with both arms: the least any gateway in front of the endpoint costs here.
+
 Goal: at most 1.2x the direct call, at p50 and at p99 (measured, not asserted).
 """
 
@@ -25,8 +29,18 @@ import statistics
 import httpx
 import redis
 
-from bench.fixtures import Context, child_env, settings_for
-from bench.stats import BenchResult, Figure, Goal, Run, interleave, percentile, summarize, timed
+from bench.fixtures import Context, child_env, noop_server, settings_for
+from bench.stats import (
+    BenchResult,
+    Figure,
+    Floor,
+    Goal,
+    Run,
+    interleave,
+    percentile,
+    summarize,
+    timed,
+)
 from ops.testing.stack import Child, free_port, slotrunner_argv, wait_http
 from runner.gateway import mint_credential
 
@@ -74,6 +88,10 @@ def run(ctx: Context) -> BenchResult:
         stack.callback(gateway.stop)
         wait_http(endpoint, f"http://127.0.0.1:{endpoint_port}/healthz", 30)
         wait_http(gateway, f"http://127.0.0.1:{gateway_port}/healthz", 30)
+        proxy_url, proxy = noop_server(
+            work, "bench.noop_proxy", "--upstream", f"http://127.0.0.1:{endpoint_port}"
+        )
+        stack.callback(proxy.stop)
         client = redis.Redis.from_url(ctx.redis_url, decode_responses=True)
         stack.callback(client.close)
         credential = mint_credential(
@@ -97,19 +115,31 @@ def run(ctx: Context) -> BenchResult:
             if reply.status_code != 200 or not reply.json()["choices"]:
                 raise RuntimeError(f"{url} answered {reply.status_code}: {reply.text[:200]}")
 
-        # Warm both: connections, the desk and its scripts, the witness file.
+        floor_url = f"{proxy_url}/v1/chat/completions"
+        # Warm all: connections, the desk and its scripts, the witness file.
         timed(10, lambda _: call(gateway_url, auth))
         timed(10, lambda _: call(direct_url))
+        timed(10, lambda _: call(floor_url))
 
-        def subject(_: int) -> Run:
-            return timed(n, lambda _: call(gateway_url, auth))
-
-        def baseline(_: int) -> Run:
-            return timed(n, lambda _: call(direct_url))
-
-        runs = interleave(reps, {"subject": subject, "baseline": baseline})
+        runs = interleave(
+            reps,
+            {
+                "subject": lambda _: timed(n, lambda _: call(gateway_url, auth)),
+                "baseline": lambda _: timed(n, lambda _: call(direct_url)),
+                "floor": lambda _: timed(n, lambda _: call(floor_url)),
+            },
+        )
         for q in (50, 99):
             ratio, low, high = _ratios(runs["subject"], runs["baseline"], q)
+            at_floor, f_low, f_high = _ratios(runs["subject"], runs["floor"], q)
+            floor = Floor(
+                name="gateway.floor_proxy",
+                what=f"p{q} through a proxy that only forwards (bench.noop_proxy)",
+                value=_ratios(runs["floor"], runs["baseline"], q)[0],
+                ratio=at_floor,
+                ratio_means=f"gateway p{q} per call / bare proxy p{q} per call",
+                spread=(f_low, f_high),
+            )
             result.figures.append(
                 Figure(
                     name=f"gateway.p{q}",
@@ -123,6 +153,7 @@ def run(ctx: Context) -> BenchResult:
                     ratio_means=f"gateway p{q} per call / direct p{q} per call",
                     spread=(low, high),
                     goal=GOAL,
+                    floor=floor,
                 )
             )
         added = statistics.median(
@@ -131,6 +162,8 @@ def run(ctx: Context) -> BenchResult:
         )
         result.notes.append(
             f"{reps} repetitions of {n} calls per arm, interleaved; one client, one call at "
-            f"a time; the gateway adds {added * 1e3:.2f} ms at p50 (median over repetitions)."
+            f"a time; the gateway adds {added * 1e3:.2f} ms at p50 (median over repetitions); "
+            f"a bare proxy hop (the floor) p50 {summarize(runs['floor'])['p50_ms']:.2f} ms, "
+            f"p99 {summarize(runs['floor'])['p99_ms']:.2f} ms."
         )
     return result

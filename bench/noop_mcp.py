@@ -79,7 +79,7 @@ def create_app() -> Starlette:
 
 
 def main(argv: list[str] | None = None) -> None:
-    serve(create_app(), "python -m bench.noop_mcp", argv)
+    serve(lambda _: create_app(), "python -m bench.noop_mcp", argv)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ fixed JSON object; ``GET /healthz`` answers ``{"ok": true}``.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -32,18 +33,26 @@ def create_app() -> FastAPI:
     return app
 
 
-def serve(app: ASGIApp, prog: str, argv: list[str] | None) -> None:
-    """Run ``app`` as the tool server runs: 127.0.0.1, warning log level, no access log."""
+def serve(
+    make_app: Callable[[argparse.Namespace], ASGIApp],
+    prog: str,
+    argv: list[str] | None,
+    add_options: Callable[[argparse.ArgumentParser], None] = lambda _: None,
+) -> None:
+    """Run the app as the tool server runs: 127.0.0.1, warning log level, no access log."""
     import uvicorn
 
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1")
+    add_options(parser)
     args = parser.parse_args(argv)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        make_app(args), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    serve(create_app(), "python -m bench.noop_server", argv)
+    serve(lambda _: create_app(), "python -m bench.noop_server", argv)
 
 
 if __name__ == "__main__":
