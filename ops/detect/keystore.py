@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
 from hashlib import blake2b
 from pathlib import Path
 
@@ -140,28 +141,39 @@ def _import_or_remove(db: sqlite3.Connection, path: Path, journal: Path, length:
         raise
 
 
-def _import_legacy(db: sqlite3.Connection, journal: Path, length: int) -> int:
-    """Rows for the first ``length`` bytes of a ``keys.hex`` journal, in its order."""
-    n, rest, left = 0, b"", length
-    db.execute("BEGIN")
+def _import_legacy(db: sqlite3.Connection, journal: Path, length: int) -> None:
+    """Rows for the first ``length`` bytes of a ``keys.hex`` journal, in its order, and
+    their count in ``meta``, in one transaction."""
     if length and (not journal.exists() or os.path.getsize(journal) < length):
         raise KeyStoreError(f"{journal} is shorter than the checkpoint says")
-    with open(journal, "rb") if length else open(os.devnull, "rb") as fh:
+    n = 0
+    db.execute("BEGIN")
+    for digests in _journal_chunks(journal, length):
+        try:
+            rows = [
+                (n + i, _fingerprint(bytes.fromhex(d.decode()))) for i, d in enumerate(digests, 1)
+            ]
+        except ValueError as exc:
+            raise KeyStoreError(f"{journal} is damaged ({exc})") from exc
+        db.executemany("INSERT OR IGNORE INTO keys (seq, fp) VALUES (?, ?)", rows)
+        n += len(rows)
+    db.execute("INSERT INTO meta VALUES ('imported', ?)", (n,))
+    db.execute("COMMIT")
+
+
+def _journal_chunks(journal: Path, length: int) -> Iterator[list[bytes]]:
+    """The journal's first ``length`` bytes as lists of hex digests, a chunk at a time."""
+    if not length:
+        return
+    rest, left = b"", length
+    with open(journal, "rb") as fh:
         while left:
             chunk = fh.read(min(_IMPORT_CHUNK, left))
+            if not chunk:
+                raise KeyStoreError(f"{journal} is shorter than the checkpoint says")
             left -= len(chunk)
             lines = (rest + chunk).split(b"\n")
             rest = lines.pop()
-            try:
-                rows = [
-                    (n + i, _fingerprint(bytes.fromhex(x.decode()))) for i, x in enumerate(lines, 1)
-                ]
-            except ValueError as exc:
-                raise KeyStoreError(f"{journal} is damaged ({exc})") from exc
-            db.executemany("INSERT OR IGNORE INTO keys (seq, fp) VALUES (?, ?)", rows)
-            n += len(rows)
+            yield lines
     if rest:
         raise KeyStoreError(f"{journal} is damaged (a digest without its newline)")
-    db.execute("INSERT INTO meta VALUES ('imported', ?)", (n,))
-    db.execute("COMMIT")
-    return n
