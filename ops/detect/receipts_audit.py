@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.receipts.archive import ARCHIVE_DIR, INDEX_FILE, SEGMENT_SUFFIX
+from tools.receipts.archive import ARCHIVE_DIR, INDEX_FILE, SEGMENT_SUFFIX, Archive
 from tools.receipts.format import Receipt, Status, parse_line
 from tools.receipts.store import RECEIPTS_FILE
 
@@ -163,14 +163,13 @@ def _audit_slot(
 
 def _files(slot_dir: Path) -> list[tuple[Path, bool]]:
     """The slot's receipt files in written order, each with whether it is a segment."""
-    archive, hot = slot_dir / ARCHIVE_DIR, slot_dir / RECEIPTS_FILE
+    archive, hot = Archive(slot_dir), slot_dir / RECEIPTS_FILE
     try:
-        listed = list(archive.iterdir()) if archive.is_dir() else []
+        listed = archive.segments()
     except OSError as exc:
-        raise _Unreadable(archive, exc) from exc
+        raise _Unreadable(archive.dir, exc) from exc
     copy = _crashed_copy(slot_dir)
-    segments = sorted(p for p in listed if p.name.endswith(SEGMENT_SUFFIX) and p != copy)
-    files = [(p, True) for p in segments]
+    files = [(p, True) for p in listed if p != copy]
     if hot.exists():
         files.append((hot, False))
     return files
@@ -191,7 +190,7 @@ def _crashed_copy(slot_dir: Path) -> Path | None:
         raise _Unreadable(index, exc) from exc
     if row is None:
         return None
-    segment = index.parent / f"{int(row[0]):08d}{SEGMENT_SUFFIX}"
+    segment = Archive(slot_dir).segment(row[0])
     try:
         copied = gzip.decompress(segment.read_bytes())
         with open(hot, "rb") as f:

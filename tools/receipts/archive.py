@@ -110,6 +110,10 @@ class Archive:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def segment(self, seq: int) -> Path:
+        """The segment file of rotation ``seq``."""
+        return self.dir / f"{int(seq):08d}{SEGMENT_SUFFIX}"
+
     def segments(self) -> list[Path]:
         """The rotated segments, oldest first."""
         if not self.dir.is_dir():
@@ -165,7 +169,7 @@ class Archive:
             db.execute("ROLLBACK")
             raise
         replace_file(
-            self.dir / f"{int(seq):08d}{SEGMENT_SUFFIX}",
+            self.segment(seq),
             gzip.compress(raw, compresslevel=6, mtime=0),
             fsync=self.fsync,
         )
