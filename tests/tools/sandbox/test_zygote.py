@@ -17,10 +17,6 @@ from tools.sandbox import run as sandbox
 from tools.sandbox import zygote
 from tools.sandbox.policy import Limits
 
-pytestmark = pytest.mark.skipif(
-    not sandbox.self_test().ok or zygote.spawn(8, True) is None,
-    reason="needs a working bwrap and a writable pids cgroup",
-)
 PROBE = "ulimit -n; ulimit -t; echo $FOO; env | wc -l; sleep 1"
 
 
