@@ -40,7 +40,12 @@ def test_quick_run_reports_numeric_ratios_and_floors(tmp_path: Path) -> None:
                 assert isinstance(figure[side]["ops_per_s"], float)
             if figure["goal"] is not None:
                 assert isinstance(figure["met"], bool)
-    assert {"pipeline.write_file", "receipts.one_writer", "receipts.eight_slots"} <= names
+    assert {
+        "pipeline.write_file",
+        "receipts.one_writer",
+        "receipts.eight_slots",
+        "receipts.eight_processes",
+    } <= names
     assert "## Machine" in text and "pipeline.write_file" in text
     assert_floors(doc, text)
 
