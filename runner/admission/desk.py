@@ -42,6 +42,7 @@ back at once and refused ``no_witness``: a fresh process after a wipe would not 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import re
@@ -53,6 +54,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from redis.commands.core import AsyncScript
 
 from runner.admission.lease import (
     AdmissionRefused,
@@ -138,10 +140,14 @@ class AdmissionDesk:
         self._acquire_script = redis_client.register_script(ACQUIRE_LUA)
         self._give_up_script = redis_client.register_script(GIVE_UP_LUA)
         self._transition_script = redis_client.register_script(TRANSITION_LUA)
-        # The same script on the same server for callers on an event loop (the gateway).
-        self._aio_transition_script = (
-            aio_client.register_script(TRANSITION_LUA) if aio_client is not None else None
-        )
+        # The same scripts on the same server for callers on an event loop (the gateway).
+        self._aio_acquire_script: AsyncScript | None = None
+        self._aio_give_up_script: AsyncScript | None = None
+        self._aio_transition_script: AsyncScript | None = None
+        if aio_client is not None:
+            self._aio_acquire_script = aio_client.register_script(ACQUIRE_LUA)
+            self._aio_give_up_script = aio_client.register_script(GIVE_UP_LUA)
+            self._aio_transition_script = aio_client.register_script(TRANSITION_LUA)
 
     def acquire(self, step: int, deadline_s: float) -> Lease:
         """Hold capacity for one request of planner ``step``, waiting up to ``deadline_s``.
@@ -153,46 +159,22 @@ class AdmissionDesk:
         deadline passes, or when the host's witness file cannot record the epoch of
         the lease (``no_witness``: the lease is released at once).
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an integer >= 0, got {step!r}")
-        if not (math.isfinite(deadline_s) and deadline_s >= 0):
-            raise ValueError(f"deadline_s must be a finite number >= 0, got {deadline_s!r}")
-        lease_id = uuid.uuid4().hex
-        wait_ttl_ms = math.ceil((deadline_s + WAITER_GRACE_S) * 1000) if deadline_s > 0 else 0
-        end_s = self._clock() + deadline_s
+        lease_id, wait_ttl_ms, end_s = self._start_acquire(step, deadline_s)
         waiter = ""
         try:
             while True:
-                reply = [
-                    _text(v)
-                    for v in self._acquire_script(
-                        keys=[self.keys.desk, self.keys.leases, self.keys.waiting],
-                        args=[
-                            *self._desk_args(),
-                            lease_id,
-                            step,
-                            waiter,
-                            self.max_waiting,
-                            wait_ttl_ms,
-                        ],
+                keys, args = self._acquire_call(lease_id, step, waiter, wait_ttl_ms)
+                try:
+                    lease, waiter, witnessed = self._acquired(
+                        self._acquire_script(keys=keys, args=args), lease_id, step
                     )
-                ]
-                witnessed = self._epochs.saw(reply[-1])
-                if reply[0] == "granted":
-                    waiter = ""
-                    lease = Lease(lease_id, int(reply[1]), step, reply[2])
+                except AdmissionRefused:
+                    waiter = ""  # a refusal leaves no queue entry behind
+                    raise
+                if lease is not None:
                     if not witnessed:
                         self._refuse_unwitnessed(lease)
                     return lease
-                if reply[0] == "mismatch":
-                    raise DeskMismatch(
-                        f"eval-run {self.eval_run!r} has an admission desk with bound "
-                        f"{reply[1]}, this worker was configured with {self.bound}"
-                    )
-                if reply[0] == "refused":
-                    waiter = ""
-                    raise AdmissionRefused(RefusalReason(reply[1]), self.eval_run)
-                waiter = reply[1]
                 remaining_s = end_s - self._clock()
                 if remaining_s <= 0:
                     self._give_up(waiter)
@@ -205,6 +187,71 @@ class AdmissionDesk:
                 with contextlib.suppress(redis.RedisError):
                     self._give_up(waiter)
             raise
+
+    async def acquire_async(self, step: int, deadline_s: float) -> Lease:
+        """:meth:`acquire` on the desk's ``aio_client``, from the caller's event loop: a
+        desk with room grants in one script call and no thread; a queued caller polls
+        every ``poll_s`` with ``asyncio.sleep``. Raises as :meth:`acquire` does."""
+        if self._aio_acquire_script is None or self._aio_give_up_script is None:
+            raise RuntimeError("this desk was made without an aio_client")
+        lease_id, wait_ttl_ms, end_s = self._start_acquire(step, deadline_s)
+        waiter = ""
+        try:
+            while True:
+                keys, args = self._acquire_call(lease_id, step, waiter, wait_ttl_ms)
+                try:
+                    reply = await self._aio_acquire_script(keys=keys, args=args)
+                    lease, waiter, witnessed = self._acquired(reply, lease_id, step)
+                except AdmissionRefused:
+                    waiter = ""
+                    raise
+                if lease is not None:
+                    if not witnessed:  # rare (a witness file that cannot be written)
+                        await asyncio.to_thread(self._refuse_unwitnessed, lease)
+                    return lease
+                remaining_s = end_s - self._clock()
+                if remaining_s <= 0:
+                    await self._give_up_async(waiter)
+                    waiter = ""
+                    raise AdmissionRefused(RefusalReason.DEADLINE, self.eval_run)
+                await asyncio.sleep(min(self._poll_s, remaining_s))
+        except BaseException:
+            if waiter:
+                with contextlib.suppress(redis.RedisError):
+                    await self._give_up_async(waiter)
+            raise
+
+    def _start_acquire(self, step: int, deadline_s: float) -> tuple[str, int, float]:
+        """A checked acquire's lease id, its queue entry's TTL (ms) and its end (clock)."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        if not (math.isfinite(deadline_s) and deadline_s >= 0):
+            raise ValueError(f"deadline_s must be a finite number >= 0, got {deadline_s!r}")
+        wait_ttl_ms = math.ceil((deadline_s + WAITER_GRACE_S) * 1000) if deadline_s > 0 else 0
+        return uuid.uuid4().hex, wait_ttl_ms, self._clock() + deadline_s
+
+    def _acquire_call(
+        self, lease_id: str, step: int, waiter: str, wait_ttl_ms: int
+    ) -> tuple[list[str], list[Any]]:
+        keys = [self.keys.desk, self.keys.leases, self.keys.waiting]
+        args = [*self._desk_args(), lease_id, step, waiter, self.max_waiting, wait_ttl_ms]
+        return keys, args
+
+    def _acquired(self, raw: Any, lease_id: str, step: int) -> tuple[Lease | None, str, bool]:
+        """One acquire reply: (the lease, "", witnessed) when granted, (None, the queue
+        entry, witnessed) when queued; raises when refused or the bound differs."""
+        reply = [_text(v) for v in raw]
+        witnessed = self._epochs.saw(reply[-1])
+        if reply[0] == "granted":
+            return Lease(lease_id, int(reply[1]), step, reply[2]), "", witnessed
+        if reply[0] == "mismatch":
+            raise DeskMismatch(
+                f"eval-run {self.eval_run!r} has an admission desk with bound "
+                f"{reply[1]}, this worker was configured with {self.bound}"
+            )
+        if reply[0] == "refused":
+            raise AdmissionRefused(RefusalReason(reply[1]), self.eval_run)
+        return None, reply[1], witnessed
 
     def expire(self, lease: Lease) -> bool:
         """The local timeout fired: fence the late completion, keep the capacity counted."""
@@ -285,6 +332,14 @@ class AdmissionDesk:
 
     def _give_up(self, waiter: str) -> None:
         epoch = self._give_up_script(
+            keys=[self.keys.desk, self.keys.leases, self.keys.waiting],
+            args=[*self._desk_args(), waiter],
+        )
+        self._epochs.saw(_text(epoch))
+
+    async def _give_up_async(self, waiter: str) -> None:
+        assert self._aio_give_up_script is not None  # acquire_async checked it
+        epoch = await self._aio_give_up_script(
             keys=[self.keys.desk, self.keys.leases, self.keys.waiting],
             args=[*self._desk_args(), waiter],
         )

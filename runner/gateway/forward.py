@@ -19,12 +19,13 @@ requests of the gateway and of the planner share one bound (I6):
   (a 5xx or a failed connection is a 502), at the end of a stream, after a late
   answer was judged.
 
-The credential check and the apply-and-release of a whole answer (one script call)
-are made from the event loop on an asyncio Redis client of the same server: each
-thread hop costs wake-ups on the critical path. The other desk calls are blocking
-Redis calls, so they run in worker threads; a caller waiting for capacity holds a
-thread of its own pool, so the quick calls (expire, release, cancel) never queue
-behind waiters (docs/architecture.md §Gateway).
+The credential check, the acquire (a caller waiting for capacity polls the desk with
+``asyncio.sleep``, holding no thread) and the apply-and-release of a whole answer
+(one script call) are made from the event loop on an asyncio Redis client of the same
+server: each thread hop costs wake-ups on the critical path. The other desk calls
+(expire, release, cancel, a stream's apply) are blocking Redis calls off the
+critical path of an answer, so they run in a pool of worker threads of their own
+(docs/architecture.md §Gateway).
 """
 
 from __future__ import annotations
@@ -65,8 +66,7 @@ MIN_HTTP_TIMEOUT_S = 60.0
 RECOVERY_GRACE_S = 30.0  # beyond the HTTP timeout, for a finished request's release
 CONNECT_TIMEOUT_S = 10.0
 STEP_BITS = 53  # each request is its own desk step, drawn at random
-ACQUIRE_THREADS = 256  # callers waiting at a desk at once, over every run
-QUICK_THREADS = 64  # apply, release, expire, cancel, authenticate
+QUICK_THREADS = 64  # release, expire, cancel, the apply of a stream, stats
 
 
 def http_timeout_s(grant: Grant) -> float:
@@ -99,7 +99,6 @@ class Forwarder:
         self.max_waiting = max_waiting
         self._desks: dict[tuple[str, int, float], AdmissionDesk] = {}
         # Made here, inside the running loop (anyio's limiters belong to one).
-        self._acquiring = anyio.CapacityLimiter(ACQUIRE_THREADS)
         self._quick = anyio.CapacityLimiter(QUICK_THREADS)
         self._background: set[asyncio.Task[None]] = set()
         self._authenticate = Authenticator(aio_redis)
@@ -224,11 +223,10 @@ class Forwarder:
     async def _acquire(self, desk: AdmissionDesk, wait_s: float) -> Lease:
         step = secrets.randbits(STEP_BITS)
         # Shielded: a lease granted while the caller was being cancelled must still be
-        # seen here, to be given back, not lost with the thread's result.
+        # seen here, to be given back (the caller's next await is cancelled, and its
+        # flight abandons the lease), not lost between the desk's reply and the caller.
         with anyio.CancelScope(shield=True):
-            lease = await anyio.to_thread.run_sync(
-                desk.acquire, step, wait_s, limiter=self._acquiring
-            )
+            lease = await desk.acquire_async(step, wait_s)
         self.metrics.leased(+1)
         return lease
 

@@ -1,7 +1,8 @@
 """The gateway's cheaper desk and credential calls keep the semantics of the calls they
 replace (docs/architecture.md §Gateway, §Admission): the credential check's kept grant
 never outlives a revoke or an attempt bump, and apply-and-release in one script call
-commits once, gives the capacity back once, and refuses a stale lease."""
+commits once, gives the capacity back once, and refuses a stale lease; the acquire on
+the loop grants, refuses, queues and gives up as the threaded one."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import redis
 import redis.asyncio
 
 from runner.admission.desk import AdmissionDesk
-from runner.admission.lease import Lease, StaleCompletion
+from runner.admission.lease import (
+    AdmissionRefused,
+    DeskMismatch,
+    Lease,
+    RefusalReason,
+    StaleCompletion,
+)
 from runner.core import keys
 from runner.gateway import mint_credential, revoke_credential
 from runner.gateway.app import async_twin
@@ -117,3 +124,57 @@ def test_a_desk_without_an_aio_client_says_so(redis_client: redis.Redis) -> None
     with pytest.raises(RuntimeError, match="aio_client"):
         asyncio.run(desk.apply_and_release_async(lease))
     assert desk.release(lease)
+
+
+def test_acquire_on_the_loop_grants_refuses_queues_and_leaves_the_queue(
+    redis_client: redis.Redis,
+) -> None:
+    """acquire_async keeps acquire's rules (§Admission): a grant up to the bound, a no-wait
+    refusal at it, a queued caller served by a release, a deadline refusal, and a
+    cancelled waiter's queue entry given up; the desk's counts say so after each."""
+    eval_run = f"rt-{uuid.uuid4().hex[:8]}"
+
+    async def waiting_is(desk: AdmissionDesk, count: int) -> None:
+        for _ in range(500):
+            if desk.stats()["waiting"] == count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the desk never had {count} waiting")
+
+    async def go() -> None:
+        async with async_twin(redis_client) as aio:
+            desk = AdmissionDesk(redis_client, eval_run, 1, aio_client=aio, poll_s=0.01)
+            held = await desk.acquire_async(1, 0)
+            assert (held.step, held.generation, held.epoch) == (1, 1, desk.epoch())
+            with pytest.raises(AdmissionRefused) as full:
+                await desk.acquire_async(2, 0)
+            assert full.value.reason is RefusalReason.BOUND
+            queued = asyncio.ensure_future(desk.acquire_async(3, 30.0))
+            await waiting_is(desk, 1)
+            assert desk.release(held)
+            served = await queued
+            assert served.step == 3 and served.generation == 2
+            with pytest.raises(AdmissionRefused) as late:
+                await desk.acquire_async(4, 0.1)
+            assert late.value.reason is RefusalReason.DEADLINE
+            cancelled = asyncio.ensure_future(desk.acquire_async(5, 30.0))
+            await waiting_is(desk, 1)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            stats = desk.stats()
+            assert (stats["waiting"], stats["in_flight"]) == (0, 1)
+            assert (stats["acquired"], stats["refused"]) == (2, 3)
+            other = AdmissionDesk(redis_client, eval_run, 2, aio_client=aio)
+            with pytest.raises(DeskMismatch, match="bound 1"):
+                await other.acquire_async(6, 0)
+            assert desk.release(served)
+
+    asyncio.run(go())
+
+
+def test_acquire_on_the_loop_needs_an_aio_client(redis_client: redis.Redis) -> None:
+    desk = AdmissionDesk(redis_client, f"rt-{uuid.uuid4().hex[:8]}", 1)
+    with pytest.raises(RuntimeError, match="aio_client"):
+        asyncio.run(desk.acquire_async(1, 0))
+    assert desk.stats()["in_flight"] == 0
