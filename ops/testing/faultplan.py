@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from tools.server.seams import CallHooks
 
 if TYPE_CHECKING:
-    from _typeshed import HasFileno
+    from _typeshed import HasFileno, ReadableBuffer, SupportsLenAndGetItem
 
 _EIO_DIR = "eio"
 _CRASH_FILE = "crash.json"
@@ -81,27 +81,44 @@ class FaultPlan(CallHooks):
         os.fsync(fd)
 
     def take_over_os_fsync(self) -> None:
-        """Make this whole process's ``os.fsync`` obey the plan (EIO in armed directories).
+        """Make this whole process's ``os.fsync`` obey the plan (EIO in armed directories),
+        and its ``os.pwritev`` with ``RWF_DSYNC`` (a durable append syncs in its own
+        write, ``runner.core.durable``): in an armed directory the bytes are written,
+        as a real failed sync leaves them in the page cache, and the call fails EIO.
 
         For the test worker (``ops.testing.worker``): the runner's writers there are
         built deep inside a job (the attempt floor of each claim), so the plan is put
         at the system-call boundary of that process instead of into each writer. The
         directory of a descriptor is read from ``/proc/self/fd``.
         """
-        real = os.fsync
+        real_fsync, real_pwritev = os.fsync, os.pwritev
 
-        def fsync(fd: int | HasFileno) -> None:
-            number = fd if isinstance(fd, int) else fd.fileno()
+        def armed(number: int) -> str | None:
             try:
                 path = os.readlink(f"/proc/self/fd/{number}")
             except OSError:
                 path = ""
             directory = path if os.path.isdir(path) else os.path.dirname(path)
-            if directory and self._eio_flag(directory).exists():
+            return directory if directory and self._eio_flag(directory).exists() else None
+
+        def fsync(fd: int | HasFileno) -> None:
+            number = fd if isinstance(fd, int) else fd.fileno()
+            directory = armed(number)
+            if directory is not None:
                 raise OSError(errno.EIO, f"injected EIO on fsync in {directory}")
-            real(fd)
+            real_fsync(fd)
+
+        def pwritev(
+            fd: int, buffers: SupportsLenAndGetItem[ReadableBuffer], offset: int, flags: int = 0
+        ) -> int:
+            directory = armed(fd) if flags & os.RWF_DSYNC else None
+            if directory is None:
+                return real_pwritev(fd, buffers, offset, flags)
+            real_pwritev(fd, buffers, offset, flags & ~os.RWF_DSYNC)
+            raise OSError(errno.EIO, f"injected EIO on a synced write in {directory}")
 
         os.fsync = fsync
+        os.pwritev = pwritev
 
     # -- a crash after the effect -------------------------------------------------
 

@@ -4,26 +4,30 @@ Two shapes only:
 
 * :func:`replace_file` -- temp file, fsync, rename over the target, fsync the
   directory. Used for ``stamp.json`` and other small state files.
-* :func:`append_record` -- one ``write`` of a whole line on an ``O_APPEND`` fd, then
-  fsync (and the directory fsync when the file was just created). Used for
+* :func:`append_record` -- one ``write`` of a whole line on an ``O_APPEND`` fd, made
+  durable by the write itself (``RWF_DSYNC``) or by an fsync after it (and the
+  directory fsync when the file was just created). Used for
   ``receipts.jsonl``. A writer that appends often keeps the descriptor open instead:
   :func:`open_append` once (it makes a new file's directory entry durable), then
   :func:`append_record_fd` per line -- the same write and fsync, without an ``open``
   and ``close`` per record. :func:`append_record` is exactly those two steps.
 
-A failed fsync is never retried: after an EIO the kernel may already have dropped the
-dirty pages, so a second fsync can report success for data that is gone
-(PostgreSQL's "fsyncgate"). Callers get :class:`DurabilityError` and must treat the
-write's outcome as unknown.
+A failed fsync (or ``RWF_DSYNC`` write) is never retried: after an EIO the kernel may
+already have dropped the dirty pages, so a second fsync can report success for data
+that is gone (PostgreSQL's "fsyncgate"). Callers get :class:`DurabilityError` and must
+treat the write's outcome as unknown.
 
 Every function takes the ``fsync`` it calls (:data:`Fsync`; the real one,
 :func:`os_fsync`, by default): the seam through which a test builds a writer whose
-fsyncs fail (``ops.testing.faultplan``). Nothing here looks for a marker or reads
-the environment.
+fsyncs fail (``ops.testing.faultplan``). With the real one an append is synced by its
+own write, so a test process that takes over ``os.fsync`` itself takes over
+``os.pwritev`` too (``FaultPlan.take_over_os_fsync``). Nothing here looks for a marker
+or reads the environment.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +35,11 @@ from pathlib import Path
 from runner.errors import RunnerError
 
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+# Whether appends are written with RWF_DSYNC (Linux 4.7); turned off for the process
+# the first time a file system refuses the flag with one of these, which the kernel
+# returns before it writes anything.
+_dsync_writes = hasattr(os, "RWF_DSYNC")
+_DSYNC_REFUSED = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
 
 
 class DurabilityError(RunnerError, OSError):
@@ -124,14 +133,39 @@ def append_record_fd(
     ``directory`` is the file's directory (named in errors, and passed to ``fsync``).
     Returns the file offset just past the line: the caller can tell whether its line
     is the last one without reading the file back.
+
+    With the real fsync (the default) the line is written with ``RWF_DSYNC``: the
+    write returns once its bytes and the file's new size are on disk, as ``write`` +
+    ``fdatasync`` would leave them, in one system call instead of two (a tool call
+    writes two records, and in a threaded server each system call is also a hand-off
+    of the interpreter lock). A file system that refuses the flag gets ``write`` +
+    ``fsync`` from then on. Any other ``fsync`` (a test's seam) is called after a plain
+    ``write``.
     """
+    global _dsync_writes
     if not line.endswith(b"\n"):
         raise ValueError("a record must be one whole line ending in a newline")
-    written = os.write(fd, line)
-    if written != len(line):
-        raise DurabilityError(5, f"short append in {directory}: {written} of {len(line)} bytes")
+    if fsync is os_fsync and _dsync_writes:
+        try:
+            written = os.pwritev(fd, (line,), -1, os.RWF_DSYNC)
+        except OSError as exc:
+            if exc.errno not in _DSYNC_REFUSED:
+                where = os.fspath(directory)
+                raise DurabilityError(
+                    exc.errno, f"durable append failed in {where}: {exc.strerror}"
+                ) from exc
+            _dsync_writes = False  # refused before a byte was written: fall back
+        else:
+            _check_whole(written, line, directory)
+            return os.lseek(fd, 0, os.SEEK_CUR)
+    _check_whole(os.write(fd, line), line, directory)
     _fsync(fsync, fd, directory)
     return os.lseek(fd, 0, os.SEEK_CUR)
+
+
+def _check_whole(written: int, line: bytes, directory: Path | str) -> None:
+    if written != len(line):
+        raise DurabilityError(5, f"short append in {directory}: {written} of {len(line)} bytes")
 
 
 def append_record(path: Path, line: bytes, *, fsync: Fsync = os_fsync) -> None:

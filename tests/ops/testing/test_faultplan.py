@@ -83,3 +83,36 @@ def test_a_crash_is_armed_matched_and_consumed_once(tmp_path: Path) -> None:
     plan.disarm_crash()
     assert not plan.crash_armed()
     assert os.listdir(root / "eio") == []
+
+
+def test_a_plan_taking_over_os_fsync_fails_a_synced_append_in_the_armed_directory(
+    tmp_path: Path,
+) -> None:
+    """The durable append syncs in its own write (RWF_DSYNC): under a plan that took over
+    the process, it fails EIO in the armed directory with its bytes written, as a real
+    failed sync leaves them, and succeeds elsewhere."""
+    plan = FaultPlan(tmp_path / "faults")
+    armed, free = tmp_path / "receipts", tmp_path / "free"
+    armed.mkdir()
+    free.mkdir()
+    (armed / "r.jsonl").touch()  # made before: the append's own write is what fails
+    plan.arm_fsync_eio(armed)
+    script = f"""
+from pathlib import Path
+from ops.testing.faultplan import FaultPlan
+from runner.core.durable import DurabilityError, append_record
+FaultPlan(Path({str(plan.root)!r})).take_over_os_fsync()
+results = []
+for directory in ({str(armed)!r}, {str(free)!r}):
+    try:
+        append_record(Path(directory) / "r.jsonl", b"x\\n")
+        results.append("ok")
+    except DurabilityError as exc:
+        results.append(str(exc.errno))
+print(" ".join(results))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == [str(errno.EIO), "ok"]
+    assert (armed / "r.jsonl").read_bytes() == (free / "r.jsonl").read_bytes() == b"x\n"

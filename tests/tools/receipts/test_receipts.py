@@ -275,18 +275,26 @@ def test_fsync_eio_is_never_retried(slot: Path) -> None:
 def test_outcome_is_fsynced_and_visible_to_another_process(
     slot: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """When finish returns, an fsync already covered its line and a fresh process reads it."""
+    """When finish returns, a sync already covered its line (the append's own RWF_DSYNC
+    write, or an fsync after it) and a fresh process reads it."""
     path = slot / RECEIPTS_FILE
     store = ReceiptStore(slot)
     intent = _begin(store, "k1").receipt
-    real_fsync = os.fsync
+    real_fsync, real_pwritev = os.fsync, os.pwritev
     synced: list[bytes] = []
 
     def spying_fsync(fd: int) -> None:
         real_fsync(fd)
         synced.append(path.read_bytes())
 
+    def spying_pwritev(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+        written = real_pwritev(fd, buffers, offset, flags)
+        if flags & os.RWF_DSYNC:
+            synced.append(path.read_bytes())
+        return written
+
     monkeypatch.setattr(os, "fsync", spying_fsync)
+    monkeypatch.setattr(os, "pwritev", spying_pwritev)
     done = store.finish(intent, Status.APPLIED, digest="d1")
     monkeypatch.undo()
     line = json.dumps(done.to_wire(), separators=(",", ":")).encode() + b"\n"
