@@ -1,6 +1,7 @@
 """``slotrunner ops verify``: prove I1 and I2 over the event logs and, with
-``--receipts``, over every slot's receipts, rotated and hot (ops/detect/verify.py,
-ops/detect/receipts_audit.py). Exit 0 holds, 1 violated, 2 unusable input."""
+``--receipts``, over every slot's receipts, rotated and hot, within each slot and across
+them (ops/detect/verify.py, ops/detect/receipts_audit.py, ops/detect/receipts_pool.py).
+Exit 0 holds, 1 violated, 2 unusable input."""
 
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ _RECEIPT_COLUMNS = ("kind", "slot", "key", "job", "bound to", "where", "first")
     "--receipts",
     "with_receipts",
     is_flag=True,
-    help="Also check every slot's receipts, archived and hot, under $SLOTRUNNER_HOME/slots.",
+    help="Also check every slot's receipts, archived and hot, under $SLOTRUNNER_HOME/slots"
+    " (each slot, and the pool across slots).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def verify(paths: tuple[str, ...], with_receipts: bool, as_json: bool) -> None:
     """Prove I1 (every apply inside its owner's lease) and I2 (every key applied at most
     once) over PATH... (default: this host's log); --receipts adds I2 over every slot's
-    receipts (one applied record a key, one job a key). Exit 0 holds, 1 violated, 2
-    unusable input."""
+    receipts (one applied record a key, one job a key, in the whole pool: a key applied
+    again or bound to another job in another slot counts too). Exit 0 holds, 1
+    violated, 2 unusable input."""
     inputs = list(paths) or [str(Settings.from_env().log_path)]
     shown: list[Incident] = []
     found: list[ReceiptViolation] = []

@@ -4,15 +4,26 @@ The event log proves I1 and I2 for the applies it names (:mod:`ops.detect.verify
 log rotated away names none of a finished generation's. The receipts stay: a lease
 moves a slot's settled records into ``receipts.archive/`` (``tools/receipts/archive.py``,
 docs/architecture.md §Receipts), and this module reads them back, segments first, then
-the hot file, each line where it is (``<file>:<line>``), and checks per slot:
+the hot file, each line where it is (``<file>:<line>``), and checks:
 
 - ``duplicate_applied_receipt`` (I2): a key has one ``applied`` record at most (the
   ``status`` field of :class:`tools.receipts.format.Receipt`);
 - ``key_bound_to_two_jobs`` (I2, I1): a key's records all name the job of its first
   record (the store binds a key to its first job, forever).
 
+Both hold across the pool, not only within a slot: a slot is read with a dict of its
+own keys, then folded into a database of every slot's keys on disk
+(:mod:`ops.detect.receipts_pool`), which finds a key applied again, or bound to
+another job, in a later slot (by name); such a violation names the later slot, its
+``first`` the earlier slot's record. Each is reported once, wherever the records sit:
+a key counts one ``duplicate_applied_receipt`` for each ``applied`` record of its job
+beyond the first, and one ``key_bound_to_two_jobs`` for each job beyond the first (a
+record of another job than the key's in its slot is only that).
+
 It only reads: no lock is taken and nothing is created in a slot (the index is opened
-read-only). A rotation that crashed before its ``rename`` leaves the hot file in place
+read-only; the pool's database is in a temporary directory, removed at the end, and a
+database that cannot be kept there is unusable input, the slots still checked one by
+one). A rotation that crashed before its ``rename`` leaves the hot file in place
 *and* its bytes in a segment; that segment (its number is the hot file's in the index's
 ``rotations`` table, and its bytes begin the hot file) is read once, as the hot file.
 
@@ -32,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ops.detect.receipts_pool import PoolKeys, SlotKey
 from tools.receipts.archive import ARCHIVE_DIR, INDEX_FILE, SEGMENT_SUFFIX, Archive
 from tools.receipts.format import Receipt, Status, parse_line
 from tools.receipts.store import RECEIPTS_FILE
@@ -61,7 +73,7 @@ class ReceiptViolation:
     slot_id: str
     key: str
     job_id: str  # the job of the record that breaks the rule
-    bound_to: str  # the job of the key's first record
+    bound_to: str  # the job of the key's first record (in the pool)
     where: str  # <file>:<line> of that record
     first: str  # <file>:<line> of the record it contradicts
 
@@ -77,7 +89,8 @@ class ReceiptAudit:
     records: int = 0
     archived: int = 0  # of ``records``, read from rotated segments
     applied: int = 0
-    keys: int = 0
+    keys: int = 0  # each slot's distinct keys, summed: a key in two slots counts twice
+    pool_keys: int = 0  # distinct keys across the pool
     violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RECEIPT_KINDS, 0))
     unusable: dict[str, str] = field(default_factory=dict)  # path -> why
 
@@ -88,15 +101,8 @@ class ReceiptAudit:
             "archived": self.archived,
             "applied": self.applied,
             "keys": self.keys,
+            "pool_keys": self.pool_keys,
         }
-
-
-@dataclass
-class _Key:
-    job_id: str
-    first: str
-    applied: str | None = None
-    others: set[str] = field(default_factory=set)
 
 
 def slot_dirs(slots_dir: Path) -> list[Path]:
@@ -118,47 +124,73 @@ def audit(
     except OSError as exc:
         result.unusable[str(slots_dir)] = f"no slots to read ({exc.strerror or exc})"
         return result
-    for slot_dir in slots:
-        result.slots += 1
-        try:
-            _audit_slot(slot_dir, result, on_violation)
-        except _Unreadable as exc:
-            result.unusable[str(exc.path)] = str(exc)
+    with PoolKeys() as pool:
+        for slot_dir in slots:
+            result.slots += 1
+            keys: dict[str, SlotKey] = {}
+            try:
+                _audit_slot(slot_dir, keys, result, on_violation)
+            except _Unreadable as exc:
+                result.unusable[str(exc.path)] = str(exc)
+            result.keys += len(keys)
+            _fold(slot_dir.name, keys, pool, result, on_violation)
+        result.pool_keys = pool.keys
+        if pool.problem is not None:
+            result.unusable[pool.problem[0]] = pool.problem[1]
     return result
 
 
 def _audit_slot(
-    slot_dir: Path, result: ReceiptAudit, on_violation: Callable[[ReceiptViolation], None]
+    slot_dir: Path,
+    keys: dict[str, SlotKey],
+    result: ReceiptAudit,
+    on_violation: Callable[[ReceiptViolation], None],
 ) -> None:
-    keys: dict[str, _Key] = {}
+    """The slot's own pass: ``keys`` fills as its records are read."""
 
-    def violation(kind: str, r: Receipt, state: _Key, where: str, first: str) -> None:
+    def violation(kind: str, r: Receipt, state: SlotKey, where: str, first: str) -> None:
         result.violations[kind] += 1
         on_violation(
             ReceiptViolation(kind, slot_dir.name, r.key, r.job_id, state.job_id, where, first)
         )
 
-    try:
-        for path, archived in _files(slot_dir):
-            for where, r in _read(path):
-                result.records += 1
-                result.archived += archived
-                state = keys.get(r.key)
-                if state is None:
-                    state = keys[r.key] = _Key(r.job_id, where)
-                elif r.job_id != state.job_id:
-                    if r.job_id not in state.others:
-                        state.others.add(r.job_id)
-                        violation(TWO_JOBS, r, state, where, state.first)
-                    continue
-                if r.status is Status.APPLIED:
-                    result.applied += 1
-                    if state.applied is None:
-                        state.applied = where
-                    else:
-                        violation(DUPLICATE_APPLIED, r, state, where, state.applied)
-    finally:
-        result.keys += len(keys)
+    for path, archived in _files(slot_dir):
+        for where, r in _read(path):
+            result.records += 1
+            result.archived += archived
+            state = keys.get(r.key)
+            if state is None:
+                state = keys[r.key] = SlotKey(r.job_id, where)
+            elif r.job_id != state.job_id:
+                if r.job_id not in state.others:
+                    state.others.add(r.job_id)
+                    violation(TWO_JOBS, r, state, where, state.first)
+                continue
+            if r.status is Status.APPLIED:
+                result.applied += 1
+                if state.applied is None:
+                    state.applied = where
+                else:
+                    violation(DUPLICATE_APPLIED, r, state, where, state.applied)
+
+
+def _fold(
+    slot_id: str,
+    keys: dict[str, SlotKey],
+    pool: PoolKeys,
+    result: ReceiptAudit,
+    on_violation: Callable[[ReceiptViolation], None],
+) -> None:
+    """The slot's keys against every earlier slot's, then into the pool."""
+    pool.stage(keys)
+    for kind, found in (
+        (TWO_JOBS, pool.bound_elsewhere()),
+        (DUPLICATE_APPLIED, pool.applied_elsewhere()),
+    ):
+        for c in found:
+            result.violations[kind] += 1
+            on_violation(ReceiptViolation(kind, slot_id, *c))
+    pool.merge()
 
 
 def _files(slot_dir: Path) -> list[tuple[Path, bool]]:

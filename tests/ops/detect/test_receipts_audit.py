@@ -8,62 +8,30 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from ops.cli import ops
 from ops.detect.receipts_audit import DUPLICATE_APPLIED, TWO_JOBS, audit
+from tests.ops.detect.receipts_home import applied, make_home, plant, run, summary
 from tests.support.receipts import slot_receipts
 from tools.receipts.archive import ARCHIVE_DIR, INDEX_FILE, Archive
-from tools.receipts.format import Receipt, encode_line
 from tools.receipts.store import RECEIPTS_FILE, ReceiptStore, Status
 
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    """A home with an empty event log (verify's default input) and two slot dirs."""
-    home = tmp_path / "home"
-    (home / "logs").mkdir(parents=True)
-    (home / "logs" / "slotrunner.jsonl").write_bytes(b"")
-    for slot_id in ("S0", "S1"):
-        (home / "slots" / slot_id).mkdir(parents=True)
-    return home
-
-
-def applied(store: ReceiptStore, key: str, job_id: str, generation: int) -> Receipt:
-    began = store.begin(
-        key=key, job_id=job_id, attempt=1, slot_id="S0", generation=generation, tool="write_file"
-    )
-    assert began.fresh
-    return store.finish(began.receipt, Status.APPLIED, digest="d")
+    return make_home(tmp_path)
 
 
 def generations(slot: Path, count: int, rotate: bool = True) -> ReceiptStore:
-    """``count`` generations of two applied keys each, all but the last rotated away."""
+    """``count`` generations of two applied keys each, all but the last rotated away;
+    the jobs are the slot's own (``S0-job-1``): no other slot applies their keys."""
     store = ReceiptStore(slot)
     for generation in range(1, count + 1):
+        job = f"{slot.name}-job-{generation}"
         for step in range(2):
-            applied(
-                store, f"job-{generation}:a1:s{step}:write_file", f"job-{generation}", generation
-            )
+            applied(store, f"{job}:a1:s{step}:write_file", job, generation)
         if rotate and generation < count:
             assert store.rotate() == 2
     return store
-
-
-def plant(slot: Path, record: Receipt) -> None:
-    """A foreign writer's line: appended past the store (its API never writes one)."""
-    with open(slot / RECEIPTS_FILE, "ab") as f:
-        f.write(encode_line(record))
-
-
-def run(home: Path, *args: str) -> Result:
-    return CliRunner().invoke(ops, ["verify", *args], env={"SLOTRUNNER_HOME": str(home)})
-
-
-def summary(result: Result) -> dict[str, object]:
-    last = json.loads(result.stdout.splitlines()[-1])
-    assert last["kind"] == "summary"
-    return dict(last)
 
 
 def test_rotated_slots_hold_and_the_counts_are_what_was_read(home: Path) -> None:
@@ -75,7 +43,14 @@ def test_rotated_slots_hold_and_the_counts_are_what_was_read(home: Path) -> None
     assert result.exit_code == 0, result.output
     got = summary(result)
     assert got["holds"] is True and got["unusable"] == {}
-    assert got["receipts"] == {"slots": 2, "records": 16, "archived": 8, "applied": 8, "keys": 8}
+    assert got["receipts"] == {
+        "slots": 2,
+        "records": 16,
+        "archived": 8,
+        "applied": 8,
+        "keys": 8,
+        "pool_keys": 8,
+    }
     records = len(slot_receipts(home / "slots" / "S0")) + len(slot_receipts(home / "slots" / "S1"))
     assert records == 16
     violations = got["violations"]
@@ -165,7 +140,7 @@ def test_a_rotation_crashed_before_its_rename_is_read_once(home: Path) -> None:
     store._archive.fsync = crash_before_the_rename  # the seam the archive's writes go through
     with pytest.raises(OSError, match="injected EIO"):
         store.rotate()
-    applied(store, "job-1:a1:s2:write_file", "job-1", 1)
+    applied(store, "S0-job-1:a1:s2:write_file", "S0-job-1", 1)
     store.close()
     assert segment.exists() and len(slot_receipts(slot)) == 10  # the store reads both
     found = audit(home / "slots")
