@@ -163,6 +163,12 @@ def append_record_fd(
     return os.lseek(fd, 0, os.SEEK_CUR)
 
 
+def synced_appends() -> bool:
+    """Whether this process's appends are synced by their own write (``RWF_DSYNC``): false
+    where the flag is missing or a file system refused it."""
+    return _dsync_writes
+
+
 def _check_whole(written: int, line: bytes, directory: Path | str) -> None:
     if written != len(line):
         raise DurabilityError(5, f"short append in {directory}: {written} of {len(line)} bytes")

@@ -16,8 +16,8 @@ from tests.bench.smoke import REPO, quick_run
 # as (None: the floor is the figure's own baseline arm).
 FLOORED = {
     "pipeline.write_file": "pipeline.floor_with_effect",
-    "receipts.one_writer": None,
-    "receipts.eight_slots": "receipts.raw_scaling",
+    "receipts.one_writer": "receipts.raw_dsync",
+    "receipts.eight_slots": "receipts.raw_dsync_scaling",
     "detector.throughput": "detector.decode_floor",
 }
 
