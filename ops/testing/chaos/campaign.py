@@ -284,6 +284,12 @@ def _report(
                 sum(1 for f in injector.fired if f.kind == cp.EXEC_ORPHAN and not f.skipped),
             ),
             *host_checks[4:],
+            *(
+                checks.receipts_i2(h.home, h.settings.log_path, env, f"receipts_i2@{h.name}")
+                if len(stack.hosts) > 1
+                else checks.receipts_i2(h.home, h.settings.log_path, env)
+                for h in stack.hosts
+            ),
         ],
         duplicate_applies=duplicates,
         duration_s=duration_s,

@@ -43,11 +43,19 @@ class Check:
 
 
 def ops_tool(
-    which: str, log: Path | Sequence[Path], env: Mapping[str, str], name: str | None = None
+    which: str,
+    log: Path | Sequence[Path],
+    env: Mapping[str, str],
+    name: str | None = None,
+    *,
+    options: Sequence[str] = (),
 ) -> Check:
-    """``slotrunner ops verify|detect --json LOG...``: zero violations, exit 0."""
+    """``slotrunner ops verify|detect --json [OPTIONS] LOG...``: zero violations, exit 0."""
     logs = [log] if isinstance(log, Path) else list(log)
-    argv = [sys.executable, "-m", "runner.cli.main", "ops", which, "--json", *map(str, logs)]
+    argv = [
+        *(sys.executable, "-m", "runner.cli.main", "ops", which, "--json", *options),
+        *map(str, logs),
+    ]
     proc = subprocess.run(
         argv, env=dict(env), capture_output=True, text=True, timeout=600, check=False
     )
@@ -74,6 +82,8 @@ def ops_tool(
     }
     if which == "verify":
         data["applies"] = summary.get("applies")
+        if summary.get("receipts") is not None:
+            data["receipts"] = summary["receipts"]
     ok = proc.returncode == 0 and not found
     shown = ", ".join(f"{k} {v}" for k, v in found.items()) or "none"
     return Check(name, ok, f"exit {proc.returncode}; violations: {shown}", data)
@@ -335,3 +345,12 @@ def scan_processes(home: Path) -> list[str]:
                 found.append(f"{entry}: {cmd.decode(errors='replace')[:160]}")
                 break
     return found
+
+
+def receipts_i2(home: Path, log: Path, env: Mapping[str, str], name: str = "receipts_i2") -> Check:
+    """``ops verify --receipts`` with ``home`` as ``$SLOTRUNNER_HOME``: every slot's receipts
+    there, rotated and hot, hold I2 within each slot and across them (one ``applied``
+    record a key, one job a key), besides the log's own verdict."""
+    return ops_tool(
+        "verify", log, {**env, "SLOTRUNNER_HOME": str(home)}, name, options=("--receipts",)
+    )

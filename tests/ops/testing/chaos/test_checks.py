@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from ops.testing.chaos.checks import replays_refused
+from ops.testing.chaos.checks import receipts_i2, replays_refused
 from ops.testing.chaos.replay import Replayed
+from tests.ops.detect.receipts_home import applied, make_home
+from tools.receipts.store import ReceiptStore
 
 
 def _replay(status: int, error: str | None, n: int = 0) -> Replayed:
@@ -157,3 +160,18 @@ def test_a_frozen_attempt_that_committed_fails_on_its_own_host_only() -> None:
     assert check.ok and check.data["taken_over"] == 1
     late = frozen_never_commit([{**finished("job-a", 1, "h1"), "committed": True}], frozen)
     assert not late.ok and late.data["committed"] == ["job-a attempt 1 on h1"]
+
+
+def test_the_receipts_check_fails_on_a_key_applied_in_two_slots(tmp_path: Path) -> None:
+    """receipts_i2 runs ``ops verify --receipts`` on a host's home: a clean pool passes, a
+    key applied again in another slot (a retry that landed elsewhere) fails it."""
+    home = make_home(tmp_path)
+    log = home / "logs" / "slotrunner.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTRUNNER_")}
+    applied(ReceiptStore(home / "slots" / "S0"), "job-a:s1:w", "job-a", 1)
+    clean = receipts_i2(home, log, env)
+    assert clean.ok and clean.data["receipts"]["applied"] == 1, clean.to_json()
+    applied(ReceiptStore(home / "slots" / "S1"), "job-a:s1:w", "job-a", 1)
+    twice = receipts_i2(home, log, env)
+    assert not twice.ok and twice.data["exit_code"] == 1, twice.to_json()
+    assert twice.data["counts"]["duplicate_applied_receipt"] == 1
