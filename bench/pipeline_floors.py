@@ -4,7 +4,8 @@ Floors (issue #17): what one durable ``write_file`` cannot go below on this mach
 whatever the tool server does, measured as arms of the pipeline benchmark's own run:
 
 - **two-fsync HTTP floor**: the baseline's bare POST to the no-op server, then two
-  appends + fsyncs of receipt-sized lines (the last intent and outcome of the slot's
+  durable appends of receipt-sized lines, synced as the store syncs its own
+  (:func:`append_fsync`: one ``RWF_DSYNC`` write each; the last intent and outcome of the slot's
   own ``receipts.jsonl``): the round trip and the two durable records a mutating
   call makes (intent before the effect, outcome after: docs/architecture.md §Receipts).
 - **effect floor**: the same with the effect between the two records, done with the
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.stats import FLOOR_BOUND, Floor, Run, cost_ratio, summarize
+from runner.core import durable
 from tools.receipts.log import RECEIPTS_FILE
 
 # write_bytes' flags (tools/paths/walk.py, tools/paths/write.py), so the floor's
@@ -70,8 +72,14 @@ def receipt_lines(slot_dir: Path) -> tuple[bytes, bytes]:
 
 
 def append_fsync(fd: int, line: bytes) -> None:
-    os.write(fd, line)
-    os.fsync(fd)
+    """One durable append as the receipt store makes it (``runner/core/durable.py``): one
+    ``RWF_DSYNC`` write where the store's appends are synced by their write, else
+    ``write`` + ``fsync``; a floor must not pay for a sync the store does not make."""
+    if durable.synced_appends():
+        os.pwritev(fd, (line,), -1, os.RWF_DSYNC)
+    else:
+        os.write(fd, line)
+        os.fsync(fd)
 
 
 def replace_file(work: Path, parent: str, name: str, tmp: str, data: bytes) -> None:
