@@ -9,15 +9,15 @@ Concurrency: every read-check-append holds an exclusive ``flock`` on ``receipts.
 (the tool server, the janitor in a worker process and the recovery step share the
 file) plus a thread lock (threads of one process share this object). The lock file
 and ``receipts.jsonl`` are each opened once per store and process and kept open:
-a record costs one ``flock`` pair, one ``write`` and one ``fsync``
-(:func:`runner.core.durable.append_record_fd`), not an open, a lock-file dance and a
+a record costs one ``flock`` pair, a ``stat`` and one synced ``write`` (``RWF_DSYNC``,
+:func:`runner.core.durable.append_record_fd`), not an open, a lock-file dance and a
 close. A forked child drops the descriptors it inherited and opens its own, so a
 parent and child never share one open file description (which would make their
 ``flock`` calls not exclude each other).
 
 There is no group commit: every writer of a slot's receipts (the tool server and
 the janitor) already holds the slot's lock for the whole call, so two records of one
-slot are never pending together; concurrent slots fsync their own files in parallel.
+slot are never pending together; concurrent slots sync their own files in parallel.
 
 The file is the slot's *hot* file: a new lease rotates its settled records into the
 slot's archive (``tools.receipts.archive``), and a key the index lacks is asked of
