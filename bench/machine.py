@@ -54,8 +54,27 @@ def describe() -> dict[str, Any]:
         "jq": _version(["jq", "--version"]),
         "bwrap": _version(["bwrap", "--version"]),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_ticks_at_start": cpu_ticks(),
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
+
+
+def cpu_ticks() -> list[int] | None:
+    """The host's CPU time counters since boot (``/proc/stat``'s first line: user .. steal)."""
+    try:
+        return [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(start: list[int] | None, end: list[int] | None) -> float | None:
+    """Of the host's CPU time between two readings, the share the hypervisor gave to
+    other guests (``steal``): on a shared virtual machine, a run whose share is high
+    measured through a noisy neighbour, and its ratios drift more than its spreads say."""
+    if not start or not end or len(start) < 8 or len(end) < 8:
+        return None
+    total = sum(end) - sum(start)
+    return round((end[7] - start[7]) / total, 4) if total > 0 else None
 
 
 def _mem_total_mb() -> float | None:

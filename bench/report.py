@@ -25,6 +25,10 @@ def _num(value: object) -> str:
     return str(value)
 
 
+def _share(value: object) -> str:
+    return f"{value * 100:.1f} %" if isinstance(value, float) else "unknown"
+
+
 def _load(values: object) -> str:
     return ", ".join(str(v) for v in values) if isinstance(values, list) else "-"
 
@@ -170,6 +174,7 @@ def render(doc: dict[str, Any]) -> str:
         f"| bwrap | {m.get('bwrap') or 'missing'} |",
         f"| load average (1, 5, 15 min) at start | {_load(m.get('loadavg_at_start'))} |",
         f"| load average at end | {_load(m.get('loadavg_at_end'))} |",
+        f"| CPU stolen by the hypervisor during the run | {_share(m.get('cpu_steal_share'))} |",
         "",
         "## Goals",
         "",

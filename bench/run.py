@@ -40,7 +40,7 @@ from bench import (
     sandbox_start,
 )
 from bench.fixtures import REPO_ROOT, Context
-from bench.machine import describe
+from bench.machine import cpu_ticks, describe, steal_share
 from bench.report import render
 from bench.stats import BenchError, BenchResult
 from runner.redis_server import EmbeddedRedis
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
     machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["cpu_steal_share"] = steal_share(machine.pop("cpu_ticks_at_start", None), cpu_ticks())
     document = {
         "command": command,
         "quick": args.quick,

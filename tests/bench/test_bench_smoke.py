@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.machine import steal_share
 from tests.bench.smoke import REPO, quick_run
 
 # Every figure whose speed goal may be out of reach -> the figure its floor is measured
@@ -47,6 +48,8 @@ def test_quick_run_reports_numeric_ratios_and_floors(tmp_path: Path) -> None:
         "receipts.eight_processes",
     } <= names
     assert "## Machine" in text and "pipeline.write_file" in text
+    assert isinstance(doc["machine"]["cpu_steal_share"], float)
+    assert "| CPU stolen by the hypervisor during the run |" in text
     assert_floors(doc, text)
 
 
@@ -85,3 +88,11 @@ def test_unknown_benchmark_is_a_usage_error() -> None:
     assert proc.returncode == 2
     assert "nosuch" in proc.stderr and "pipeline" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_steal_share_is_the_hypervisors_part_of_the_hosts_cpu_time() -> None:
+    """Of the CPU time between two /proc/stat readings, the part counted as steal."""
+    start = [100, 0, 50, 800, 10, 0, 5, 35]
+    end = [160, 0, 70, 900, 10, 0, 5, 55]  # 200 ticks in all, 20 of them stolen
+    assert steal_share(start, end) == 0.1
+    assert steal_share(None, end) is None and steal_share(start, start) is None
