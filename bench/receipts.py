@@ -41,7 +41,6 @@ from bench.stats import (
     Run,
     floor_figure,
     interleave,
-    paired,
     rate_ratio,
     summarize,
 )
@@ -224,13 +223,13 @@ def run(ctx: Context) -> BenchResult:
     # durable writer uses one (runner/core/durable.py), else write + fsync.
     synced = durable.synced_appends()
     low1, low8 = ("dsync1", "dsync8") if synced else ("raw1", "raw8")
+    dsync_gain = rate_ratio(runs["dsync1"], runs["raw1"])
     if synced:
-        d_value = paired(runs["dsync1"], runs["raw1"], lambda d, r: d.rate / r.rate)[0]
         d_ratio, d_low, d_high = rate_ratio(runs["store1"], runs["dsync1"])
         one_floor = Floor(
             name="receipts.raw_dsync",
             what="raw RWF_DSYNC writes of the same lines (the store's primitive), one writer",
-            value=d_value,
+            value=dsync_gain[0],
             ratio=d_ratio,
             ratio_means="store records/s / raw RWF_DSYNC records/s",
             higher_is_better=True,
@@ -262,9 +261,9 @@ def run(ctx: Context) -> BenchResult:
             floor=one_floor,
         )
     )
-    scale, s_low, s_high = paired(runs["store8"], runs["store1"], lambda e, o: e.rate / o.rate)
-    raw_scaling = paired(runs["raw8"], runs["raw1"], lambda e, o: e.rate / o.rate)
-    low_scaling = paired(runs[low8], runs[low1], lambda e, o: e.rate / o.rate)
+    scale, s_low, s_high = rate_ratio(runs["store8"], runs["store1"])
+    raw_scaling = rate_ratio(runs["raw8"], runs["raw1"])
+    low_scaling = rate_ratio(runs[low8], runs[low1])
     raw_scale, low_scale = raw_scaling[0], low_scaling[0]
     low_name = "receipts.raw_dsync_scaling" if synced else "receipts.raw_scaling"
     # Per repetition: the store's scaling over raw writers' scaling in the same repetition.
@@ -320,7 +319,7 @@ def run(ctx: Context) -> BenchResult:
                 ("1 thread, os.pwritev(RWF_DSYNC)", "1 thread, os.write + os.fsync"),
                 "records/s",
                 (summarize(runs["dsync1"]), summarize(runs["raw1"])),
-                paired(runs["dsync1"], runs["raw1"], lambda d, r: d.rate / r.rate),
+                dsync_gain,
                 "raw RWF_DSYNC records/s / raw write + fsync records/s (a floor)",
             )
         )
@@ -353,7 +352,7 @@ def run(ctx: Context) -> BenchResult:
             spread=(r_low, r_high),
         )
     )
-    procs, p_low, p_high = paired(runs["proc8"], runs["proc1"], lambda e, o: e.rate / o.rate)
+    procs, p_low, p_high = rate_ratio(runs["proc8"], runs["proc1"])
     result.figures.append(
         Figure(
             name="receipts.eight_processes",

@@ -285,9 +285,12 @@ def _report(
             ),
             *host_checks[4:],
             *(
-                checks.receipts_i2(h.home, h.settings.log_path, env, f"receipts_i2@{h.name}")
-                if len(stack.hosts) > 1
-                else checks.receipts_i2(h.home, h.settings.log_path, env)
+                checks.receipts_i2(
+                    h.home,
+                    h.settings.log_path,
+                    env,
+                    f"receipts_i2@{h.name}" if len(stack.hosts) > 1 else "receipts_i2",
+                )
                 for h in stack.hosts
             ),
         ],
