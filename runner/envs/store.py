@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,13 @@ LAST_USED_FILE = "last_used"
 SOURCE_DIR = "src"  # the base's files during a build; removed after it
 _LOCKS = ".locks"
 GB = 1024**3
+# How long a removal waits for a hold just let go. A hold is an flock on an open file
+# description, and a process of the holder's that forks (a thread starting a sandbox
+# zygote, a worker starting a job's process) shares that description until its child
+# execs or closes it: for that instant the environment still reads as in use after
+# the job let it go. A removal waits that out; a job's real hold lasts far longer.
+RELEASE_GRACE_S = 0.5
+_POLL_S = 0.01
 
 
 class EnvError(RunnerError):
@@ -171,22 +179,18 @@ class EnvStore:
         return Held(fd)
 
     @contextlib.contextmanager
-    def _exclusive(self, key: str) -> Iterator[bool]:
-        """Try the build lock and an exclusive use lock at once: True when both are ours."""
+    def _exclusive(self, key: str, wait_s: float = 0.0) -> Iterator[bool]:
+        """Try the build lock and an exclusive use lock at once, for up to ``wait_s``:
+        True when both are ours."""
         lock = self.build_lock(key)
         try:
-            lock.acquire(timeout=0)
+            lock.acquire(timeout=wait_s)
         except Timeout:
             yield False
             return
         fd = os.open(self._lock_path(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
+            yield _flock_within(fd, fcntl.LOCK_EX, wait_s)
         finally:
             os.close(fd)
             lock.release()
@@ -232,7 +236,7 @@ class EnvStore:
         root = self.root(key)
         if not root.exists():
             raise EnvError(f"no environment {key} on this host ({self.dir})")
-        with self._exclusive(key) as free:
+        with self._exclusive(key, wait_s=RELEASE_GRACE_S) as free:
             if not free:
                 raise EnvBusy(f"environment {key} is being built or used by a running job")
             self._delete(root)
@@ -262,6 +266,19 @@ class EnvStore:
             total -= info.size_bytes
             removed.append(info.key)
         return removed
+
+
+def _flock_within(fd: int, operation: int, wait_s: float) -> bool:
+    """``flock(fd, operation)`` without blocking, tried again until ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

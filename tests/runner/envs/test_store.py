@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from runner.envs.store import EnvBusy, EnvError, EnvStore
+from runner.envs.store import RELEASE_GRACE_S, EnvBusy, EnvError, EnvStore
 from tests.support.repos import REPO
 
 MiB = 1024 * 1024
@@ -78,6 +79,45 @@ def test_an_environment_held_by_a_live_process_is_not_removed_until_that_process
     assert not store.info(key).in_use
     store.remove(key)
     assert store.keys() == [] and not store.root(key).exists()
+
+
+def test_a_removal_just_after_a_hold_is_let_go_waits_out_a_forked_childs_copy(
+    tmp_path: Path,
+) -> None:
+    """A holder's process forks (a thread starting a zygote does) while its hold is
+    open: the child shares the flock until it execs or exits. The holder lets go, and
+    a removal made at that instant waits for the child's copy to go instead of
+    refusing an environment nobody uses; one still held past the wait is refused."""
+    store = EnvStore(tmp_path)
+    key = "d" * 24
+    ready(store, key, MiB, 1000.0)
+    hold = store.hold(key)
+    pid = os.fork()
+    if pid == 0:  # the fork's window, stretched: the child keeps the copy a moment
+        time.sleep(0.2)
+        os._exit(0)
+    try:
+        hold.close()
+        assert store.info(key).in_use  # the child's copy still holds it
+        store.remove(key)  # not refused: the copy goes within the grace
+    finally:
+        os.waitpid(pid, 0)
+    assert store.keys() == [] and not store.root(key).exists()
+
+    ready(store, key, MiB, 1000.0)
+    hold = store.hold(key)
+    pid = os.fork()
+    if pid == 0:  # a copy kept longer than the grace: the environment reads as in use
+        time.sleep(RELEASE_GRACE_S * 4)
+        os._exit(0)
+    try:
+        hold.close()
+        with pytest.raises(EnvBusy):
+            store.remove(key)
+    finally:
+        os.waitpid(pid, 0)
+    store.remove(key)
+    assert store.keys() == []
 
 
 def test_eviction_removes_the_least_recently_used_until_the_rest_fit_never_one_in_use(
