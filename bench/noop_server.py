@@ -1,6 +1,7 @@
 """The pipeline benchmark's baseline server: FastAPI under uvicorn, doing nothing.
 
 Started as a child process exactly like the tool server (``uvicorn.run``, 127.0.0.1,
+the same ``runner.core.serving.UVICORN_OPTIONS``: uvloop, httptools,
 warning log level, no access log), so the difference between the two is the tool
 pipeline, not the web stack. ``POST /v1/tools/{tool}`` reads the body and answers a
 fixed JSON object; ``GET /healthz`` answers ``{"ok": true}``.
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
+
+from runner.core.serving import UVICORN_OPTIONS
 
 
 def create_app() -> FastAPI:
@@ -46,9 +49,7 @@ def serve(
     parser.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1")
     add_options(parser)
     args = parser.parse_args(argv)
-    uvicorn.run(
-        make_app(args), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
-    )
+    uvicorn.run(make_app(args), host="127.0.0.1", port=args.port, **UVICORN_OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ import time
 import uvicorn
 from starlette.types import ASGIApp
 
+from runner.core.serving import UVICORN_OPTIONS
 from runner.errors import RunnerError
 
 BACKLOG = 2048
@@ -42,8 +43,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _server(app: ASGIApp) -> uvicorn.Server:
-    # No access log: the counts are on /metrics, and a busy gateway would flood stderr.
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    # No access log (UVICORN_OPTIONS): the counts are on /metrics, and a busy gateway
+    # would flood stderr.
+    config = uvicorn.Config(app, lifespan="on", **UVICORN_OPTIONS)
     return uvicorn.Server(config)
 
 

@@ -28,6 +28,7 @@ from starlette.routing import Route
 from runner.core import events
 from runner.core.durable import Fsync, os_fsync
 from runner.core.logs import EventLog
+from runner.core.serving import UVICORN_OPTIONS
 from runner.core.settings import Settings
 from runner.core.stamp import read_stamp
 from tools import registry, tokens
@@ -261,7 +262,7 @@ def serve(
 
 
 def run_app(app: FastAPI, host: str, port: int) -> None:
-    """Serve ``app`` until stopped: no access log (the JSONL log has every call)."""
+    """Serve ``app`` until stopped, as every server is (``runner.core.serving``)."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=host, port=port, **UVICORN_OPTIONS)
