@@ -35,12 +35,22 @@ class Walk:
     """A resolution in progress: open directories from the root down, all owned."""
 
     relpath: str
-    root_real: str
+    work: Path
     fds: list[int]
     missing: list[str] = field(default_factory=list)  # absent directories below fds[-1]
     name: str | None = None  # last component; None when the path is a directory itself
     st: os.stat_result | None = None  # lstat of ``name`` in fds[-1]; None when absent
     blocked: str | None = None  # a non-directory met where a directory was needed
+    _root_real: str | None = field(default=None, repr=False)
+
+    @property
+    def root_real(self) -> str:
+        """The work root's real path, against which an absolute symlink target is
+        judged: worked out when the first such link is met, not on every call (it
+        costs an lstat per component of the root's path)."""
+        if self._root_real is None:
+            self._root_real = os.path.realpath(self.work)
+        return self._root_real
 
     @property
     def dir_fd(self) -> int:
@@ -151,7 +161,7 @@ def walk_path(
 ) -> Iterator[Walk]:
     # The root itself must not be a symlink: nothing of ours makes it one.
     root_fd = os.open(work, _O_DIR)
-    walk = Walk(relpath, os.path.realpath(work), [root_fd])
+    walk = Walk(relpath, work, [root_fd])
     try:
         resolve(walk, list(comps), follow_last=follow_last)
         yield walk
@@ -167,7 +177,8 @@ def require_link_inside(walk: Walk, name: str, at: Walk | None = None) -> None:
     """
     base = at or walk
     target = link_target(walk, name)
-    probe = Walk(walk.relpath, walk.root_real, [os.dup(fd) for fd in base.fds], list(base.missing))
+    probe = Walk(walk.relpath, walk.work, [os.dup(fd) for fd in base.fds], list(base.missing))
+    probe._root_real = walk._root_real
     try:
         resolve(probe, target, follow_last=True)
     finally:
