@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import os
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
@@ -136,15 +137,45 @@ def read_record(slot_dir: Path, generation: int) -> TokenRecord | None:
 
     A record that exists but cannot be read raises :class:`ValueError`: a caller that
     gates a call on it must fail closed.
+
+    Records are read on every MCP request and every call's tool check, and a record
+    never changes in place (it is written by rename, and pruned): a record read before
+    is answered again while the file's ``stat`` still names the same file and bytes,
+    one system call instead of an open, a read and a validation.
     """
+    path = record_path(slot_dir, generation)
+    where = os.fspath(path)
     try:
-        raw = record_path(slot_dir, generation).read_bytes()
+        seen = _identity(os.stat(where))
+    except FileNotFoundError:
+        return None
+    cached = _RECORDS.get(where)
+    if cached is not None and cached[0] == seen:
+        return cached[1]
+    try:
+        with open(where, "rb") as f:
+            # The identity of what is read, not of what was stat'ed: a record replaced
+            # in between is cached under its own identity.
+            seen, raw = _identity(os.fstat(f.fileno())), f.read()
     except FileNotFoundError:
         return None
     try:
-        return TokenRecord.model_validate(json.loads(raw))
+        record = TokenRecord.model_validate(json.loads(raw))
     except (ValueError, ValidationError) as exc:
-        raise ValueError(f"{record_path(slot_dir, generation)} is not a token record") from exc
+        raise ValueError(f"{path} is not a token record") from exc
+    if len(_RECORDS) >= _RECORDS_MAX:
+        _RECORDS.clear()
+    _RECORDS[where] = (seen, record)
+    return record
+
+
+# path -> (identity of the file read, its record): read_record's cache.
+_RECORDS: dict[str, tuple[tuple[int, ...], TokenRecord]] = {}
+_RECORDS_MAX = 4096
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def authenticate(slots_dir: Path, host: str, token: str) -> TokenRecord | None:

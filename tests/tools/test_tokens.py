@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import redis
@@ -99,6 +100,38 @@ def test_old_records_are_pruned_past_the_kept_generations(settings: Settings) ->
     assert kept == list(range(3, tokens.KEEP_RECORDS + 3))
     assert tokens.authenticate(settings.slots_dir, "h", issued[0]) is None
     assert tokens.authenticate(settings.slots_dir, "h", issued[-1]) is not None
+
+
+def test_a_record_read_before_is_not_answered_once_its_file_changed(tmp_path: Path) -> None:
+    """read_record answers a record it read before from memory only while the file is
+    the same: one minted again for the same generation (a lease that never wrote its
+    stamp), one damaged in place, one pruned are each seen at once."""
+    slot_dir = tmp_path / "S0"
+    slot_dir.mkdir()
+
+    def mint(job_id: str) -> str:
+        return tokens.issue(
+            slot_dir, host="h", slot_id="S0", generation=5, job_id=job_id, attempt=1, tools=None
+        )
+
+    first = mint("job-A")
+    assert tokens.authenticate(tmp_path, "h", first) is not None
+    assert tokens.authenticate(tmp_path, "h", first) is not None  # answered again
+    second = mint("job-B")  # the same generation, minted again: a new file by rename
+    assert tokens.authenticate(tmp_path, "h", first) is None
+    record = tokens.authenticate(tmp_path, "h", second)
+    assert record is not None and record.job_id == "job-B"
+
+    path = tokens.record_path(slot_dir, 5)
+    with open(path, "wb") as f:  # damaged in place: the same file, cut short
+        f.write(b"{ not a record")
+    with pytest.raises(ValueError, match="is not a token record"):
+        tokens.read_record(slot_dir, 5)
+    assert tokens.authenticate(tmp_path, "h", second) is None  # fails closed
+
+    mint("job-C")
+    path.unlink()  # pruned
+    assert tokens.read_record(slot_dir, 5) is None
 
 
 def test_the_spec_tools_are_checked_against_the_registry() -> None:
