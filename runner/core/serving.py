@@ -8,7 +8,8 @@ server fell from 3.97 to 3.48 ms at the median, the MCP figure from 1.56x to 1.4
 the HTTP call and the gateway's p99 from 1.25x to 1.20x of a straight request; the
 pipeline ratio stayed where it was (3.16x, 3.18x), its no-op baseline being served
 faster too. Named here rather than left to uvicorn's ``auto``, so a missing package
-fails the start instead of silently serving slower. No access log: the JSONL event log has every call.
+fails the start instead of silently serving slower. No access log: the JSONL event
+log has every call.
 """
 
 from __future__ import annotations
