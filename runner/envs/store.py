@@ -20,7 +20,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from runner.core.durable import ensure_dir, fsync_dir, replace_file
+from runner.core.poll import PollTimeout, poll_until
 from runner.errors import RunnerError
 from runner.workspace.fs import remove_tree
 from tools.sandbox.environment import ENV_DIR, ENVS_DIR, KEY_PATTERN, META_FILE, env_root
@@ -270,15 +270,18 @@ class EnvStore:
 
 def _flock_within(fd: int, operation: int, wait_s: float) -> bool:
     """``flock(fd, operation)`` without blocking, tried again until ``wait_s`` has passed."""
-    deadline = time.monotonic() + wait_s
-    while True:
+
+    def take() -> bool:
         try:
             fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return True
         except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(_POLL_S)
+            return False
+        return True
+
+    try:
+        return poll_until(take, wait_s, _POLL_S, what="the lock")
+    except PollTimeout:
+        return False
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
