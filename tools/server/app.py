@@ -32,6 +32,7 @@ from runner.core.serving import UVICORN_OPTIONS
 from runner.core.settings import Settings
 from runner.core.stamp import read_stamp
 from tools import registry, tokens
+from tools.client import RETRY_HEADER
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.sandbox import run as sandbox
@@ -39,6 +40,7 @@ from tools.server import openapi, wire
 from tools.server.body import decode
 from tools.server.dispatch import Dispatcher
 from tools.server.guard import Guard
+from tools.server.lanes import Lanes
 from tools.server.mcp import McpDoor
 from tools.server.metrics import ToolMetrics
 from tools.server.reply import Reply, refused
@@ -120,7 +122,6 @@ def create_app(
     for item in app.state.recovered:
         event_log.emit(events.RECEIPT_RESOLVED, **item)
 
-    app.add_middleware(Guard, token=settings.token)
     # A parameter FastAPI itself validates (the receipt lookup's ``slot``) is refused as
     # every other malformed request is: {error, message}, not FastAPI's own 422 body.
     app.add_exception_handler(RequestValidationError, _malformed_parameters)
@@ -141,19 +142,24 @@ def create_app(
         headers = {"Retry-After": str(RETRY_AFTER_S)} if reply.http_status == 429 else None
         return JSONResponse(reply.body, reply.http_status, headers=headers)
 
-    def tool_endpoint(tool: str) -> Callable[[Request], Awaitable[Response]]:
-        async def call_tool(request: Request) -> Response:
-            started = time.monotonic()
-            decision = request.headers.get("x-slotrunner-retry")
-            if decision:
-                metrics.retries.labels(decision[:40]).inc()
-            payload, problem = decode(await request.body())  # the guard bounds its size
-            if problem is not None:
-                malformed = refused(422, Reason.MALFORMED, problem)
-                return respond(dispatcher.finish(tool, malformed, started))
-            return respond(await dispatcher.call(tool, payload, started))
+    async def call_tool(tool: str, body: bytes, decision: str | None) -> Response:
+        started = time.monotonic()
+        if decision:
+            metrics.retries.labels(decision[:40]).inc()
+        payload, problem = decode(body)  # the guard bounds its size
+        if problem is not None:
+            malformed = refused(422, Reason.MALFORMED, problem)
+            return respond(dispatcher.finish(tool, malformed, started))
+        return respond(await dispatcher.call(tool, payload, started))
 
-        return call_tool
+    def tool_endpoint(tool: str) -> Callable[[Request], Awaitable[Response]]:
+        # The lane below answers these paths first; the route is what the OpenAPI
+        # document describes, and answers the same way should a request reach it.
+        async def endpoint(request: Request) -> Response:
+            headers = request.headers
+            return await call_tool(tool, await request.body(), headers.get(RETRY_HEADER))
+
+        return endpoint
 
     # One operation per tool, so the schema gives each its own body and result; any
     # other name under /v1/tools/ is the unknown tool it is (404), whatever its body.
@@ -169,6 +175,17 @@ def create_app(
             responses=openapi.tool_responses(spec, token=token),
             openapi_extra=openapi.tool_request_body(spec),
         )
+
+    # Every call's two doors skip FastAPI's routing (tools.server.lanes); the guard,
+    # added last, is outermost: the token and the body limit hold for them too.
+    app.add_middleware(
+        Lanes,
+        tools=list(registry.TOOLS),
+        call=call_tool,
+        mcp_path=tokens.MCP_PATH,
+        mcp=mcp.endpoint,
+    )
+    app.add_middleware(Guard, token=settings.token)
 
     @app.post(
         "/v1/tools/{tool:anytext}",
