@@ -62,7 +62,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _stream(self, reply: Reply, events: list[bytes]) -> None:
-        """One HTTP chunk per event, each written as soon as it is made."""
+        """One HTTP chunk per event, each written as soon as it is made.
+
+        What the stream holds open (``on_sent``) is closed just before its last event
+        is written, as a whole reply's is before it is written: a client that sends
+        its next request the moment it reads the end must find this one counted
+        closed (a gateway then admits the next within its bound).
+        """
+        closed = False
+
+        def close() -> None:
+            nonlocal closed
+            if not closed and reply.on_sent is not None:
+                reply.on_sent()
+            closed = True
+
         try:
             self.send_response(reply.status)
             for name, value in reply.headers.items():
@@ -70,15 +84,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
             for i, event in enumerate(events):
+                if i == len(events) - 1:
+                    close()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 if i == 0:
                     self.server.endpoint.stream_paused()
+            close()  # a stream of no events
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away mid-stream
         finally:
-            if reply.on_sent is not None:
-                reply.on_sent()
+            close()
 
     def _json(self, status: int, payload: Any) -> None:
         self._send(Reply(status, json.dumps(payload).encode(), json_headers()))

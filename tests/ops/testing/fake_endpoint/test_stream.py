@@ -85,6 +85,37 @@ def test_a_stream_is_written_event_by_event_and_counted_open_to_its_end(start: A
     server.endpoint.wait_for(lambda s: s["requests_open"] == 0 and s["in_flight"] == 0, 10)
 
 
+def test_a_stream_is_counted_closed_before_its_client_has_read_it_all(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that has read a stream to its end finds it counted closed: the count
+    closes before the last event is written, as a whole reply's does. A gateway that
+    releases its lease at a stream's end must never see one more open than its bound
+    (tests/e2e/test_gateway.py counted 5 of 4 when the count closed after the end).
+
+    The endpoint's closing is made slow here (it waits up to 0.5 s for the client to
+    have read everything): closed after the end, the client would read the end first
+    and count the stream still open; closed before it, the end waits for the close.
+    """
+    server, _ = start()
+    client_has_all = threading.Event()
+    close = server.endpoint._close
+
+    def slow_close(name: str) -> None:
+        client_has_all.wait(0.5)
+        close(name)
+
+    monkeypatch.setattr(server.endpoint, "_close", slow_close)
+    body = {"model": "fake-model", "messages": HI, "stream": True}
+    base = f"http://127.0.0.1:{server.port}"
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body) as streamed:
+        text = b"".join(streamed.iter_bytes())
+    counted = httpx.get(f"{base}/stats").json()  # its own connection: no queue behind the stream
+    client_has_all.set()
+    assert text.endswith(wire.SSE_DONE)
+    assert (counted["requests_open"], counted["in_flight"]) == (0, 0)
+
+
 def test_a_stream_counts_against_the_concurrency_limit_until_it_ends(start: Any) -> None:
     server, agent = start(max_concurrency=1)
     server.endpoint.pause_streams()
