@@ -17,7 +17,7 @@ requests of the gateway and of the planner share one bound (I6):
 - *release* once the upstream is done with the request: at once for an answer, a 429
   (the capacity goes back, the 429 is passed on with its ``Retry-After``) or an error
   (a 5xx or a failed connection is a 502), at the end of a stream, after a late
-  answer was judged.
+  answer was judged and, if it is a stream, read to its end and dropped.
 
 The credential check, the acquire (a caller waiting for capacity polls the desk with
 ``asyncio.sleep``, holding no thread) and the apply-and-release of a whole answer
@@ -296,6 +296,25 @@ class Forwarder:
             await flight.end_stream(response)
 
 
+async def _drain(response: httpx.Response) -> None:
+    """Read what is left of an answer no one will get, then close it.
+
+    A streamed answer arrives as soon as its headers do: the upstream is done with the
+    request only at the stream's end, and until then it still counts the request open.
+    Closing early would give the capacity back while the upstream still serves the
+    request, and the next admitted one would make one more than the bound there (I6, I7),
+    so the rest is read and dropped first, as a whole answer is read before it arrives.
+    """
+    try:
+        if not response.is_stream_consumed:
+            async for _ in response.aiter_raw():
+                pass
+    except httpx.HTTPError:
+        pass  # broken off: the upstream is done with it either way
+    finally:
+        await response.aclose()
+
+
 class Flight:
     """One request's lease: released exactly once, by whoever ends the request."""
 
@@ -359,7 +378,7 @@ class Flight:
             except StaleCompletion:
                 metrics.stale()  # the late body: dropped here, never delivered
             finally:
-                await response.aclose()
+                await _drain(response)
         finally:
             await self.release()
 
@@ -368,8 +387,7 @@ class Flight:
         the upstream is done (``cancel``), then release."""
         try:
             await self.forwarder.quick(self.desk.cancel, self.lease)
-            response = await task
-            await response.aclose()
+            await _drain(await task)
         except (httpx.HTTPError, redis.RedisError):
             pass
         finally:

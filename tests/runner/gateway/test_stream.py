@@ -165,3 +165,38 @@ def test_a_caller_gone_before_the_first_byte_still_gives_its_lease_back(
     )
     assert desk_stats(gateway.redis, run, 1)["in_flight"] == 0
     server.endpoint.wait_for(lambda s: s["requests_open"] == 0, 10)
+
+
+def test_a_late_stream_holds_its_lease_until_the_upstream_has_sent_it_all(
+    gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
+) -> None:
+    """A stream past the local timeout: the caller has its 504, the late stream is judged
+    stale at its first bytes, and its capacity comes back only at its end, when the
+    upstream is done with it. Closed at once instead, the run's next request would be
+    admitted while the upstream still streams the late one: two open under a bound of
+    one, as the upstream counts them (I6)."""
+    server, url = endpoint
+    run = new_run()
+    credential = gateway.mint(
+        url, eval_run=run, bound=1, request_timeout_s=0.3, admission_wait_s=0.5
+    )
+    agent = client(credential)
+    server.endpoint.hold()  # the upstream keeps the request past the local timeout
+    server.endpoint.pause_streams()
+    try:
+        with pytest.raises(openai.InternalServerError) as timed_out:
+            stream(agent)
+        assert timed_out.value.status_code == 504
+        server.endpoint.release()  # the late stream starts, and pauses after one event
+        gateway.wait_for(lambda g: g["stale_completions"] == 1)
+        # The upstream is still streaming it: the run's one lease is still taken.
+        with pytest.raises(openai.RateLimitError):
+            agent.chat.completions.create(model="fake-model", messages=HI)
+        assert server.endpoint.stats()["requests_open"] == 1
+    finally:
+        server.endpoint.release()
+        server.endpoint.resume_streams()
+    gateway.wait_for(lambda g: g["leases_held"] == 0)
+    counted = server.endpoint.stats()
+    assert counted["max_requests_open_seen"] == 1 and counted["requests_open"] == 0
+    assert stream_text(stream(agent)) == "one two three four"  # the capacity is back
