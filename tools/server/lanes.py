@@ -2,7 +2,7 @@
 
 ``POST /v1/tools/{tool}`` of a registered tool and the MCP door at ``/mcp`` carry every
 tool call. Through FastAPI, each request also passes its exception middleware, its exit
-stack, the router's match against every route, a ``Request`` object and the endpoint's
+stack, the router's match against every route and the endpoint's
 dependency solving: none of which these two doors use. :class:`Lanes` is a pure ASGI
 middleware inside :class:`tools.server.guard.Guard` (so the token and the body limit
 hold as before) that hands these requests straight to their handler; a same-run A/B of
@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tools.client import RETRY_HEADER
 
 # A tool call's handler: (tool, body, the caller's x-slotrunner-retry) -> an ASGI reply.
 ToolCall = Callable[[str, bytes, str | None], Awaitable[ASGIApp]]
-
-_RETRY_HEADER = RETRY_HEADER.encode("latin-1")
 
 
 class Lanes:
@@ -51,28 +50,13 @@ class Lanes:
                 return
             tool = self.paths.get(path)
             if tool is not None and scope["method"] == "POST":
-                body = await _read_body(receive)
-                if body is None:
+                request = Request(scope, receive)  # Starlette's body and headers, no routing
+                try:
+                    body = await request.body()  # the guard outside bounds its size
+                except ClientDisconnect:
                     return  # the client left before its body was whole: nothing was run
-                retry = None
-                for name, value in scope["headers"]:
-                    if name.lower() == _RETRY_HEADER:
-                        retry = value.decode("latin-1")
-                        break
+                retry = request.headers.get(RETRY_HEADER)
                 reply = await self.call(tool, body, retry)
                 await reply(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or None if the client disconnected first (as Starlette's
-    ``Request.body`` reads it; the guard outside bounds its size)."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
