@@ -1,4 +1,5 @@
-"""``slotrunner cancel``: ask a job to stop, and say what happened."""
+"""``slotrunner cancel``: ask a job to stop, and say what happened. ``slotrunner republish``:
+put this host's kept results back into a Redis that lost them."""
 
 from __future__ import annotations
 
@@ -59,3 +60,37 @@ def cancel(job_id: str, as_json: bool) -> None:
     if report.outcome == CancelOutcome.UNKNOWN_JOB:
         raise CliError(f"unknown job {job_id!r}: no job of that id is known to this Redis")
     click.echo(report.message())
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as one JSON object.")
+def republish(as_json: bool) -> None:
+    """Put back into Redis every job result this host committed, where Redis has none.
+
+    After Redis lost its data (a restart without persistence, a flush), run it on every
+    host, then submit again the jobs that still have no result. A host keeps a copy of
+    each result it committed ($SLOTRUNNER_HOME/results/); its own workers already put
+    one back when a job comes to them again, but a job committed on one host and
+    resubmitted to another would otherwise run there a second time. A result that is
+    in Redis is never overwritten; running it twice is harmless.
+
+    Exit 0, or 1 when a kept copy cannot be read (it is named; the others go back).
+    """
+    from runner.jobs.result_copy import republish_all
+    from runner.redis_server import connect
+
+    settings = Settings.from_env()
+    done = republish_all(connect(settings), settings.home)
+    if as_json:
+        emit_json({"home": str(settings.home), **done.as_dict()})
+    else:
+        click.echo(
+            f"{len(done.put_back)} result(s) put back, {len(done.present)} already in Redis,"
+            f" {len(done.unusable)} unreadable (from {settings.home / 'results'})"
+        )
+        for job_id in done.put_back:
+            click.echo(f"  put back: {job_id}")
+        for job_id, why in done.unusable.items():
+            click.echo(f"  unreadable: {job_id}: {why}", err=True)
+    if done.unusable:
+        sys.exit(1)

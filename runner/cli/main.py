@@ -255,13 +255,14 @@ def _mount() -> None:
     # through the entry points RootGroup reads (runner must not import ops).
     from runner.cli.envs import envs
     from runner.cli.gateway import gateway
-    from runner.cli.jobs import cancel
+    from runner.cli.jobs import cancel, republish
     from runner.cli.slots import slots
     from runner.cli.tools import tools
 
     main.add_command(cancel)
     main.add_command(envs)
     main.add_command(gateway)
+    main.add_command(republish)
     main.add_command(slots)
     main.add_command(tools)
 

@@ -15,10 +15,16 @@ the job finished. Per host, like the floor: a delivery on a host that never ran 
 job cannot know. A copy that cannot be read is reported and ignored -- the job may
 then run again, which costs work but applies nothing twice (every attempt has its
 own keys and slot).
+
+Across hosts, :func:`republish_all` (``slotrunner republish``) closes what a claim cannot
+see: run on every host after Redis lost its data and before jobs without a result are
+submitted again, it puts back every result the host kept, so a job committed on one
+host is not run again on another (docs/architecture.md §Host records).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -98,3 +104,40 @@ def republish(client: redis.Redis, result: JobResult) -> bool:
         args=[result.model_dump_json(), result.state, result.attempt],
     )
     return bool(done == 1)
+
+
+@dataclass
+class Republished:
+    """What :func:`republish_all` did, by job id."""
+
+    put_back: list[str] = field(default_factory=list)  # missing from Redis, now there
+    present: list[str] = field(default_factory=list)  # Redis had a result: left alone
+    unusable: dict[str, str] = field(default_factory=dict)  # copy unreadable: why
+
+    def as_dict(self) -> dict[str, object]:
+        return {"put_back": self.put_back, "present": self.present, "unusable": self.unusable}
+
+
+def republish_all(client: redis.Redis, home: Path) -> Republished:
+    """Put every result kept under ``home`` back into Redis where none is there.
+
+    A copy that cannot be read is reported, not raised: the others still go back.
+    Raises ``redis.RedisError`` when Redis cannot be reached (nothing is half-done
+    that a second run would not finish: each result goes back in one script).
+    """
+    client.ping()  # a wrong REDIS_URL is an error even on a host that kept nothing
+    done = Republished()
+    directory = home / RESULTS_DIR
+    if not directory.is_dir():
+        return done
+    for path in sorted(directory.glob("*.json")):
+        job_id = path.name.removesuffix(".json")
+        try:
+            kept = load(home, job_id)
+        except ResultCopyError as exc:
+            done.unusable[job_id] = str(exc)
+            continue
+        if kept is None:  # removed since the listing
+            continue
+        (done.put_back if republish(client, kept) else done.present).append(job_id)
+    return done

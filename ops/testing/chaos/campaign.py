@@ -37,6 +37,7 @@ from ops.testing.chaos.stack import DEAD, VISIBILITY_S, ChaosStack, wait_until
 from ops.testing.stack import StackError
 from runner.core.git import git_text, run_git
 from runner.core.poll import PollTimeout, poll_until
+from runner.jobs import result_copy
 from runner.jobs.models import JobResult
 from runner.jobs.results import load_result
 from runner.jobs.submit import submit
@@ -162,17 +163,30 @@ def _wipe(
     say: Say,
     restart: Callable[[], None],
 ) -> None:
-    """Collect, ``restart`` Redis empty, then submit again every job without a result.
+    """Collect, ``restart`` Redis empty, then recover as an operator would: every host's
+    kept results back into Redis (``slotrunner republish``), and every job that still
+    has no result submitted again.
 
     The queue, the specs and the results are gone; a job still running in a worker
     is fenced by the empty attempt counter at its next step (its number is never
     reissued: the host's attempt floor), so resubmitting it starts the next attempt.
+    A job committed between the collection and the restart is in no record of the
+    campaign's, only in its host's kept copy: without the republish, a resubmission
+    that reaches another host would run it a second time (three-host seed 7).
     The collector's lock is held throughout, so the await loop never reads the
     server while it is down.
     """
     with collect.lock:
         collect.collect_locked()
         restart()
+        for host in stack.hosts:
+            done = result_copy.republish_all(stack.redis, host.home)
+            if done.put_back or done.unusable:
+                say(
+                    f"{host.name}: put back {len(done.put_back)} kept result(s)"
+                    f"{f', unreadable: {sorted(done.unusable)}' if done.unusable else ''}"
+                )
+        collect.collect_locked()
         missing = [job_id for job_id in specs if job_id not in collect.results]
         for job_id in missing:
             submit(stack.app, stack.redis, specs[job_id])

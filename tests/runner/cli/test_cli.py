@@ -32,6 +32,7 @@ VERBS = (
     "gateway",
     "harness",
     "ops",
+    "republish",
     "result",
     "slots",
     "submit",
@@ -203,6 +204,7 @@ def test_a_corrupt_stored_result_is_named_by_result(
     [
         ("result", "job-a"),
         ("cancel", "job-a"),
+        ("republish",),
         ("slots", "lease", "--job", "job-a"),
         ("worker",),
         ("submit", "{spec}"),

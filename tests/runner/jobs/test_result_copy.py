@@ -5,12 +5,16 @@ These tests restart their own embedded Redis with no data, never the session one
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner, Result
 
+from runner.cli.main import main
 from runner.core import keys
 from runner.core.logs import EventLog
 from runner.core.settings import Settings
@@ -111,3 +115,103 @@ def test_an_unusable_copy_lets_the_job_be_claimed(client: redis.Redis, settings:
     path.parent.mkdir(parents=True)
     path.write_text("garbage")
     assert isinstance(Liveness(client, JOB, JobConfig(), home=settings.home).claim(), Claimed)
+
+
+def test_republish_all_stops_another_host_from_running_a_wiped_job_again(
+    client: redis.Redis, settings: Settings, server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """Host A committed; Redis lost it; the job is resubmitted and reaches host B, which
+    never ran it. B's own claim cannot know (the limit per host); A's republish closes it."""
+    committed = _run_once(client, settings, home=settings.home)
+    host_b = tmp_path / "host-b"
+    host_b.mkdir()
+    server.restart(wipe=True)
+
+    done = result_copy.republish_all(client, settings.home)
+    assert (done.put_back, done.present, done.unusable) == ([JOB], [], {})
+    assert isinstance(Liveness(client, JOB, JobConfig(), home=host_b).claim(), Finished)
+    assert load_result(client, JOB) == committed
+
+    again = result_copy.republish_all(client, settings.home)  # harmless to repeat
+    assert (again.put_back, again.present) == ([], [JOB])
+
+
+def test_republish_all_without_it_the_other_host_runs_the_job_again(
+    client: redis.Redis, settings: Settings, server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    _run_once(client, settings, home=settings.home)
+    host_b = tmp_path / "host-b"
+    host_b.mkdir()
+    server.restart(wipe=True)
+    assert isinstance(Liveness(client, JOB, JobConfig(), home=host_b).claim(), Claimed)
+
+
+def test_republish_all_names_an_unreadable_copy_and_puts_the_others_back(
+    client: redis.Redis, settings: Settings, server: EmbeddedRedis
+) -> None:
+    _run_once(client, settings, home=settings.home)
+    bad = result_copy.copy_path(settings.home, "job-torn")
+    bad.write_text("{torn")
+    server.restart(wipe=True)
+    done = result_copy.republish_all(client, settings.home)
+    assert done.put_back == [JOB]
+    assert list(done.unusable) == ["job-torn"]
+    assert "does not hold a job result" in done.unusable["job-torn"]
+    assert load_result(client, "job-torn") is None
+
+
+def test_republish_all_on_a_host_that_kept_nothing(client: redis.Redis, tmp_path: Path) -> None:
+    done = result_copy.republish_all(client, tmp_path / "never-used")
+    assert (done.put_back, done.present, done.unusable) == ([], [], {})
+
+
+def _cli(settings: Settings, *args: str) -> Result:
+    env = {"SLOTRUNNER_HOME": str(settings.home), "REDIS_URL": str(settings.redis_url)}
+    return CliRunner().invoke(main, ["republish", *args], env=env, prog_name="slotrunner")
+
+
+def test_the_republish_verb_puts_results_back_and_says_which(
+    client: redis.Redis, settings: Settings, server: EmbeddedRedis
+) -> None:
+    committed = _run_once(client, settings, home=settings.home)
+    server.restart(wipe=True)
+    shown = _cli(settings, "--json")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == {
+        "home": str(settings.home),
+        "put_back": [JOB],
+        "present": [],
+        "unusable": {},
+    }
+    assert load_result(client, JOB) == committed
+    again = _cli(settings)
+    assert again.exit_code == 0
+    assert again.stdout.startswith("0 result(s) put back, 1 already in Redis, 0 unreadable")
+
+
+def test_the_republish_verb_exits_1_naming_an_unreadable_copy(
+    client: redis.Redis, settings: Settings
+) -> None:
+    bad = result_copy.copy_path(settings.home, "job-torn")
+    bad.parent.mkdir(parents=True)
+    bad.write_text("{torn")
+    shown = _cli(settings)
+    assert shown.exit_code == 1
+    assert "unreadable: job-torn:" in shown.stderr
+    assert "Traceback" not in shown.output
+
+
+def test_the_republish_verb_without_redis_is_one_error_line(settings: Settings) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    gone = Settings.from_env(
+        {"SLOTRUNNER_HOME": str(settings.home), "REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    )
+    result_copy.keep(
+        settings.home, JobResult(job_id=JOB, state="succeeded", attempt=1, final_tree="t")
+    )
+    shown = _cli(gone)
+    assert shown.exit_code == 2, shown.output
+    lines = [line for line in shown.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), shown.stderr
