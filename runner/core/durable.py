@@ -32,6 +32,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from runner.core import heldcalls
 from runner.errors import RunnerError
 
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -157,10 +158,10 @@ def append_record_fd(
             _dsync_writes = False  # refused before a byte was written: fall back
         else:
             _check_whole(written, line, directory)
-            return os.lseek(fd, 0, os.SEEK_CUR)
+            return heldcalls.tell(fd)
     _check_whole(os.write(fd, line), line, directory)
     _fsync(fsync, fd, directory)
-    return os.lseek(fd, 0, os.SEEK_CUR)
+    return heldcalls.tell(fd)
 
 
 def synced_appends() -> bool:

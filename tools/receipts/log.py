@@ -11,8 +11,13 @@ file) plus a thread lock (threads of one process share this object). The lock fi
 and ``receipts.jsonl`` are each opened once per store and process and kept open:
 a record costs one ``flock`` pair, a ``stat`` and one synced ``write`` (``RWF_DSYNC``,
 :func:`runner.core.durable.append_record_fd`), not an open, a lock-file dance and a
-close. A forked child drops the descriptors it inherited and opens its own, so a
-parent and child never share one open file description (which would make their
+close. Of those, only the synced write lets go of the interpreter lock: the ``flock``
+pair (when the lock is free), the ``stat`` and the ``lseek`` after the write go
+through :mod:`runner.core.heldcalls`, so eight slots writing at once do not hand the
+interpreter lock around four more times a record.
+
+A forked child drops the descriptors it inherited and opens its own, so a parent and
+child never share one open file description (which would make their
 ``flock`` calls not exclude each other).
 
 There is no group commit: every writer of a slot's receipts (the tool server and
@@ -34,7 +39,6 @@ the write says where it ended), so the file and the index cannot disagree.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 import weakref
@@ -43,6 +47,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.core import heldcalls
 from runner.core.durable import Fsync, append_record_fd, open_append, os_fsync
 from tools.errors import ToolError
 from tools.reasons import Reason
@@ -180,9 +185,10 @@ class ReceiptLog:
                 fd = self._handles.lock_fd = os.open(
                     self._lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
                 )
-            # Blocking: the kernel wakes us when the holder unlocks (or dies: a dead
+            # At once when free, without letting go of the interpreter lock; else
+            # blocking: the kernel wakes us when the holder unlocks (or dies: a dead
             # process's flock goes with its descriptors), no polling interval.
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            heldcalls.lock_exclusive(fd)
         except BaseException:
             self._thread_lock.release()
             raise
@@ -190,7 +196,7 @@ class ReceiptLog:
     def _release(self) -> None:
         try:
             if self._handles.lock_fd is not None:
-                fcntl.flock(self._handles.lock_fd, fcntl.LOCK_UN)
+                heldcalls.unlock(self._handles.lock_fd)
         finally:
             self._thread_lock.release()
 
@@ -205,7 +211,7 @@ class ReceiptLog:
     def _refresh(self) -> None:
         """Fold the lines appended since the last read into the index (lock held)."""
         try:
-            st = os.stat(self._file)
+            st = heldcalls.file_state(self._file)
         except FileNotFoundError:
             if self._identity is not None:
                 # The kept-open descriptor would append to a file no reader can find:
@@ -214,7 +220,7 @@ class ReceiptLog:
                     f"{self.path} vanished after {self._seen_size} bytes; receipts lost"
                 ) from None
             return
-        identity = (st.st_dev, st.st_ino)
+        identity = (st.dev, st.ino)
         if self._identity is None:
             self._identity = identity
         elif identity != self._identity:
@@ -225,7 +231,7 @@ class ReceiptLog:
                 )
             # Rotated by another process: what was read is in the archive now.
             self._restart_at(identity)
-        size = st.st_size
+        size = st.size
         if size == self._seen_size:
             return
         if size < self._seen_size:
