@@ -127,15 +127,32 @@ def tell(fd: int) -> int:
     return offset
 
 
+class PathWatch:
+    """``stat`` of one path, again and again: the path encoded and the result buffer made
+    once. Not for two threads at once (the receipt store calls it under its lock)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._encoded = os.fsencode(path)
+        self._buf = _Statx()
+        self._ref = ctypes.byref(self._buf)
+
+    def state(self) -> FileState:
+        """Identity and size of the file now at the path, as :func:`os.stat` would
+        give them (symlinks followed); raises :class:`FileNotFoundError` and the other
+        :class:`OSError` subclasses as :func:`os.stat` does."""
+        if _LIBC is None:
+            st = os.stat(self.path)
+            return FileState(st.st_dev, st.st_ino, st.st_size)
+        buf = self._buf
+        if _LIBC.statx(_AT_FDCWD, self._encoded, 0, _STATX_INO_SIZE, self._ref) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), self.path)  # FileNotFoundError for ENOENT
+        return FileState(
+            os.makedev(buf.stx_dev_major, buf.stx_dev_minor), buf.stx_ino, buf.stx_size
+        )
+
+
 def file_state(path: str) -> FileState:
-    """Identity and size of the file at ``path`` (following no symlink at the end is
-    not asked: as :func:`os.stat`). Raises :class:`FileNotFoundError` and the other
-    :class:`OSError` subclasses as :func:`os.stat` does."""
-    if _LIBC is None:
-        st = os.stat(path)
-        return FileState(st.st_dev, st.st_ino, st.st_size)
-    buf = _Statx()
-    if _LIBC.statx(_AT_FDCWD, os.fsencode(path), 0, _STATX_INO_SIZE, ctypes.byref(buf)) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), path)  # FileNotFoundError for ENOENT
-    return FileState(os.makedev(buf.stx_dev_major, buf.stx_dev_minor), buf.stx_ino, buf.stx_size)
+    """Identity and size of the file at ``path``: :meth:`PathWatch.state` once."""
+    return PathWatch(path).state()

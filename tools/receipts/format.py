@@ -78,18 +78,22 @@ def parse_line(raw: bytes) -> Receipt | None:
 
 def encode_line(receipt: Receipt) -> bytes:
     """The record line of ``receipt``: compact JSON, ASCII only, ``None`` fields left out."""
-    text: str | None
     try:
-        # pydantic-core writes the JSON in one call (a record is encoded on every
-        # durable write); its output is used when it is plain ASCII, as lines are.
-        text = receipt.model_dump_json(exclude_none=True)
+        # pydantic-core writes the JSON bytes in one call (a record is encoded on every
+        # durable write; its serializer is called without model_dump_json's wrapper and
+        # decode); its output is used when it is plain ASCII, as lines are.
+        raw: bytes | None = _SERIALIZER.to_json(receipt, exclude_none=True)
     except ValueError:  # e.g. a lone surrogate, which only an escape can carry
-        text = None
-    if text is None or not text.isascii():
+        raw = None
+    if raw is None or not raw.isascii():
         try:
             text = json.dumps(receipt.to_wire(), separators=(",", ":"), ensure_ascii=True)
         except (TypeError, ValueError) as exc:
             raise ValueError(
                 f"receipt for key {receipt.key!r} is not JSON-serialisable: {exc}"
             ) from exc
-    return text.encode("ascii") + b"\n"
+        raw = text.encode("ascii")
+    return raw + b"\n"
+
+
+_SERIALIZER = Receipt.__pydantic_serializer__

@@ -123,6 +123,7 @@ class ReceiptLog:
         self.path = slot_dir / RECEIPTS_FILE
         self._dir = str(slot_dir)
         self._file = str(self.path)
+        self._watch = heldcalls.PathWatch(self._file)
         self._lock_file = str(slot_dir / LOCK_FILE)
         self._fsync = fsync
         self._thread_lock = threading.Lock()
@@ -211,7 +212,7 @@ class ReceiptLog:
     def _refresh(self) -> None:
         """Fold the lines appended since the last read into the index (lock held)."""
         try:
-            st = heldcalls.file_state(self._file)
+            st = self._watch.state()
         except FileNotFoundError:
             if self._identity is not None:
                 # The kept-open descriptor would append to a file no reader can find:
