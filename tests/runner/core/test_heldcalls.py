@@ -123,3 +123,23 @@ def test_a_lock_held_elsewhere_is_waited_for_without_stopping_other_threads(
     finally:
         holder.kill()
         holder.join()
+
+
+def test_a_path_watch_sees_the_file_now_at_its_path(tmp_path: Path, calls: str) -> None:
+    """The buffer is reused, the answer is not: a growth, a replacement and a removal
+    of the file are each seen on the next call."""
+    path = tmp_path / "receipts.jsonl"
+    path.write_bytes(b"a\n")
+    watch = heldcalls.PathWatch(str(path))
+    first = watch.state()
+    assert first.size == 2
+    with path.open("ab") as f:
+        f.write(b"bc\n")
+    assert watch.state() == (first.dev, first.ino, 5)
+    (tmp_path / "new").write_bytes(b"")
+    os.replace(tmp_path / "new", path)
+    assert watch.state() == (first.dev, os.stat(path).st_ino, 0)
+    assert watch.state().ino != first.ino
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        watch.state()
