@@ -370,10 +370,10 @@ def run(ctx: Context) -> BenchResult:
     result.notes.append(
         f"Where the eight-slot gap lies: the same store writers scale {procs:.2f}x as "
         f"{WRITERS} processes against {scale:.2f}x as {WRITERS} threads of one process "
-        f"(raw writers: {low_scale:.2f}x). Every record's system calls (flock, stat, "
-        "the synced write, lseek, unlock) each release and retake the interpreter lock, and "
-        "between them the store's Python runs with it held: in one process the slots "
-        "queue for that lock, in several they do not."
+        f"(raw writers: {low_scale:.2f}x). Of a record's system calls (flock, stat, the "
+        "synced write, lseek, unlock) only the synced write lets go of the interpreter "
+        "lock (runner/core/heldcalls.py); the store's Python between two syncs runs with "
+        "it held: in one process the slots queue for that lock, in several they do not."
     )
     result.notes.append(
         f"{reps} repetitions of {records} records per writer per arm, interleaved; raw "
