@@ -87,9 +87,11 @@ _ZERO_OFFSET = ctypes.c_int64(0)
 _LIBC = _load()
 
 
-def _raise() -> None:
+def _error(path: str | None = None) -> OSError:
+    """The failed call's errno as an ``OSError`` (its subclass for the errno, e.g.
+    :class:`FileNotFoundError`), naming ``path`` when there is one."""
     code = ctypes.get_errno()
-    raise OSError(code, os.strerror(code))
+    return OSError(code, os.strerror(code), path)
 
 
 def held() -> bool:
@@ -103,9 +105,8 @@ def lock_exclusive(fd: int) -> None:
     if _LIBC is not None:
         if _LIBC.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB) == 0:
             return
-        code = ctypes.get_errno()
-        if code not in (errno.EWOULDBLOCK, errno.EINTR):
-            raise OSError(code, os.strerror(code))
+        if ctypes.get_errno() not in (errno.EWOULDBLOCK, errno.EINTR):
+            raise _error()
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
@@ -114,7 +115,7 @@ def unlock(fd: int) -> None:
     if _LIBC is None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     elif _LIBC.flock(fd, fcntl.LOCK_UN) != 0:
-        _raise()
+        raise _error()
 
 
 def tell(fd: int) -> int:
@@ -123,7 +124,7 @@ def tell(fd: int) -> int:
         return os.lseek(fd, 0, os.SEEK_CUR)
     offset: int = _LIBC.lseek(fd, _ZERO_OFFSET, os.SEEK_CUR)
     if offset < 0:
-        _raise()
+        raise _error()
     return offset
 
 
@@ -146,8 +147,7 @@ class PathWatch:
             return FileState(st.st_dev, st.st_ino, st.st_size)
         buf = self._buf
         if _LIBC.statx(_AT_FDCWD, self._encoded, 0, _STATX_INO_SIZE, self._ref) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code), self.path)  # FileNotFoundError for ENOENT
+            raise _error(self.path)
         return FileState(
             os.makedev(buf.stx_dev_major, buf.stx_dev_minor), buf.stx_ino, buf.stx_size
         )

@@ -60,6 +60,10 @@ class Receipt(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
+# The model's own serializer, called without model_dump_json's wrapper (encode_line).
+_SERIALIZER = Receipt.__pydantic_serializer__
+
+
 def parse_line(raw: bytes) -> Receipt | None:
     """A record, or ``None`` for anything that is not one whole valid record."""
     if not raw.endswith(b"\n"):
@@ -94,6 +98,3 @@ def encode_line(receipt: Receipt) -> bytes:
             ) from exc
         raw = text.encode("ascii")
     return raw + b"\n"
-
-
-_SERIALIZER = Receipt.__pydantic_serializer__
