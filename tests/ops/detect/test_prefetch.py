@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import multiprocessing
+import multiprocessing.util
+import os
 from pathlib import Path
 
 from ops.detect import prefetch
@@ -53,11 +55,42 @@ def test_unusable_input_is_reported_not_raised(tmp_path: Path) -> None:
     assert tally.error is not None and tally.error.startswith("read failed")
 
 
+def _children() -> set[int]:
+    pid = os.getpid()
+    return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
 def test_stopping_early_ends_the_reading_process(tmp_path: Path) -> None:
     """A caller that stops after one batch leaves no reading process behind."""
     path = tmp_path / "log.jsonl"
     path.write_bytes((lease_line("A", 1) + b"\n") * 200_000)
+    before = _children()
     found = prefetch.batches(Tally(str(path)))
     assert next(found).lines
+    assert len(_children() - before) == 1  # the reader is there while the caller reads
     found.close()
-    assert multiprocessing.active_children() == []
+    assert _children() == before
+
+
+class _Library:
+    """Something a library keeps that it cleans up in forked workers (as kombu's pools)."""
+
+
+def test_after_fork_handlers_of_libraries_do_not_run_in_the_reader(tmp_path: Path) -> None:
+    """The reader is not a multiprocessing worker: a library's after-fork handler stays out.
+
+    kombu registers one that closes the caller's pooled broker connections; one waiting
+    in BRPOP never answered, and the reader hung before it read a byte. The handler
+    here leaves the child at once instead, so running it would show as a dead reader.
+    """
+    path = tmp_path / "log.jsonl"
+    synth_log(path, 2_000, seed=3)
+    want, _ = _in_process(path)
+    library = _Library()
+    multiprocessing.util.register_after_fork(library, lambda _: os._exit(7))
+    try:
+        found, tally = _prefetched(path)
+    finally:
+        del library  # the registry holds it weakly: gone, it is never called again
+    assert tally.error is None
+    assert found == want

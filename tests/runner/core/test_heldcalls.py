@@ -97,7 +97,9 @@ def test_a_lock_held_elsewhere_is_waited_for_without_stopping_other_threads(
     holds it, the waiting thread lets the rest of the process run."""
     lock = tmp_path / "receipts.lock"
     lock.write_bytes(b"")
-    ctx = multiprocessing.get_context("fork")
+    # spawned: a forked multiprocessing child would run the after-fork handlers of
+    # whatever this test process imported before (kombu's can hang: ops/detect/prefetch.py)
+    ctx = multiprocessing.get_context("spawn")
     locked = ctx.Event()
     holder = ctx.Process(target=_hold_lock, args=(str(lock), locked, 1.5))
     holder.start()
