@@ -151,8 +151,3 @@ class PathWatch:
         return FileState(
             os.makedev(buf.stx_dev_major, buf.stx_dev_minor), buf.stx_ino, buf.stx_size
         )
-
-
-def file_state(path: str) -> FileState:
-    """Identity and size of the file at ``path``: :meth:`PathWatch.state` once."""
-    return PathWatch(path).state()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import multiprocessing
 import multiprocessing.util
 import os
 from pathlib import Path

@@ -29,23 +29,23 @@ def calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     return str(request.param)
 
 
-def test_file_state_matches_os_stat(tmp_path: Path, calls: str) -> None:
+def test_state_matches_os_stat(tmp_path: Path, calls: str) -> None:
     path = tmp_path / "receipts.jsonl"
     path.write_bytes(b"x" * 1234)
     st = os.stat(path)
-    assert heldcalls.file_state(str(path)) == (st.st_dev, st.st_ino, 1234)
+    assert heldcalls.PathWatch(str(path)).state() == (st.st_dev, st.st_ino, 1234)
 
 
-def test_file_state_of_a_missing_file_is_file_not_found(tmp_path: Path, calls: str) -> None:
+def test_state_of_a_missing_file_is_file_not_found(tmp_path: Path, calls: str) -> None:
     with pytest.raises(FileNotFoundError) as caught:
-        heldcalls.file_state(str(tmp_path / "absent"))
+        heldcalls.PathWatch(str(tmp_path / "absent")).state()
     assert caught.value.filename == str(tmp_path / "absent")
 
 
-def test_file_state_names_other_errors(tmp_path: Path, calls: str) -> None:
+def test_state_names_other_errors(tmp_path: Path, calls: str) -> None:
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(NotADirectoryError):
-        heldcalls.file_state(str(tmp_path / "file" / "below"))
+        heldcalls.PathWatch(str(tmp_path / "file" / "below")).state()
 
 
 def test_tell_reads_offsets_past_four_gib(tmp_path: Path, calls: str) -> None:
