@@ -79,17 +79,23 @@ def child_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 
 def toolserver(
-    settings: Settings, log_dir: Path, *, fence: bool = True, **extra_env: str
+    settings: Settings,
+    log_dir: Path,
+    *,
+    fence: bool = True,
+    noop_effect: bool = False,
+    **extra_env: str,
 ) -> tuple[Settings, Child]:
     """A real tool server for ``settings`` on a free port; the settings point at it.
 
     ``fence=False`` starts the test server with the envelope check off
-    (``ops.testing.toolserver``): the baseline the fence's cost is measured against.
+    (``ops.testing.toolserver``): the baseline the fence's cost is measured against;
+    ``noop_effect=True`` the one whose ``write_file`` writes nothing (a floor).
     """
     port = free_port()
     settings = settings.with_(toolserver_url=f"http://127.0.0.1:{port}")
     env = child_env(settings, **extra_env)
-    child = start_toolserver(env, port, log_dir, fence=fence)
+    child = start_toolserver(env, port, log_dir, fence=fence, noop_effect=noop_effect)
     return settings, child
 
 

@@ -16,7 +16,11 @@ write; no HTTP, no client, no log line) against the same baseline.
 Floors (``bench.pipeline_floors``), interleaved with the arms above: the two-fsync
 HTTP floor (the baseline's POST + two receipt-sized appends and fsyncs) and the effect
 floor (the same + the write's own system calls between the two records); the subject
-is set against the effect floor. Five more arms, in the same rotation, make the
+is set against the effect floor. The issue's own pipeline floor, the same call with a
+no-op effect, is a third: ``ToolClient`` to a second tool server on the same slot whose
+``write_file`` does everything but the write (``--effect noop`` of the test server,
+``ops.testing.toolserver.NoopEffect``): what the pipeline costs with nothing to apply.
+Five more arms, in the same rotation, make the
 breakdown of where a call's time goes (the last note): GET /healthz on the no-op
 server and on the tool server, read_file and write_file by a bare httpx client to the
 tool server, and the subject.
@@ -67,12 +71,17 @@ def run(ctx: Context) -> BenchResult:
         stack.callback(server.stop)
         noop_url, noop = noop_server(work / "logs")
         stack.callback(noop.stop)
+        # The same host's slots behind a second server whose write_file writes nothing.
+        noop_settings, noop_effect = toolserver(settings, work / "logs-noop", noop_effect=True)
+        stack.callback(noop_effect.stop)
         base = make_repo(work / "repo", {"pkg/lock.py": "held_by = None\n", "README": "x\n"})
         stamp, slot_dir = lease_slot(settings, work / "repo", base, "bench-pipeline")
         assert stamp.job_id is not None and stamp.attempt is not None
 
         client = ToolClient(settings.toolserver_url, timeout_s=30)
         stack.callback(client.close)
+        noop_client = ToolClient(noop_settings.toolserver_url, timeout_s=30)
+        stack.callback(noop_client.close)
         bare = httpx.Client(base_url=noop_url, timeout=30, transport=httpx.HTTPTransport(retries=0))
         stack.callback(bare.close)
         direct = httpx.Client(
@@ -100,12 +109,18 @@ def run(ctx: Context) -> BenchResult:
         def args(i: int) -> dict[str, Any]:
             return {"path": f"bench/out_{i % 16}.py", "content": CONTENT}
 
-        def subject_call(i: int) -> None:
+        def tool_call(to: ToolClient, prefix: str, i: int) -> None:
             nonlocal calls
             calls += 1
-            response = client.call(envelope(f"bench-pipeline:{calls}"), args(i), slot_dir=slot_dir)
+            response = to.call(envelope(f"{prefix}:{calls}"), args(i), slot_dir=slot_dir)
             if response.replayed or (response.receipt or {}).get("status") != "applied":
                 raise RuntimeError(f"write_file did not apply: {response}")
+
+        def subject_call(i: int) -> None:
+            tool_call(client, "bench-pipeline", i)
+
+        def noop_effect_call(i: int) -> None:
+            tool_call(noop_client, "bench-noop-effect", i)
 
         def noop_post(i: int) -> httpx.Response:
             nonlocal calls
@@ -140,6 +155,7 @@ def run(ctx: Context) -> BenchResult:
         # Warm both sides: connections, imports, the receipt file and the log file exist;
         # every target file exists, so each write replaces one (as the floor's does).
         timed(16, subject_call)
+        timed(16, noop_effect_call)
         timed(10, baseline_call)
         for call in (write_bare, read_bare, lambda _: healthz(direct), lambda _: healthz(bare)):
             timed(10, call)
@@ -180,6 +196,7 @@ def run(ctx: Context) -> BenchResult:
                 "service": arm(service_call),
                 "floor_two_fsync": arm(floor_two_fsync),
                 "floor_effect": arm(floor_effect),
+                "floor_noop_effect": arm(noop_effect_call),
                 "healthz_noop": arm(lambda _: healthz(bare)),
                 "healthz": arm(lambda _: healthz(direct)),
                 "read_bare": arm(read_bare),
@@ -221,6 +238,11 @@ def run(ctx: Context) -> BenchResult:
         for name, key, label in (
             ("floor_two_fsync", "floor_two_fsync", "no-op POST + 2 receipt-sized appends + fsyncs"),
             ("floor_with_effect", "floor_effect", "the same + the write's syscalls between them"),
+            (
+                "floor_noop_effect",
+                "floor_noop_effect",
+                "the subject's call to a tool server whose write_file writes nothing",
+            ),
         ):
             result.figures.append(
                 floor_figure(
@@ -245,8 +267,8 @@ def run(ctx: Context) -> BenchResult:
         )
         receipts = (Path(slot_dir) / "receipts.jsonl").read_bytes().count(b"\n")
         result.notes.append(
-            f"{receipts} receipt records were written by the arms that call the real service "
-            "(subject, bare write_file, in-process)."
+            f"{receipts} receipt records were written by the arms that call a tool service "
+            "(subject, no-op effect, bare write_file, in-process)."
         )
         result.notes.append(breakdown(runs))  # last: a table, which ends the list of notes
     return result

@@ -13,6 +13,11 @@ whatever the tool server does, measured as arms of the pipeline benchmark's own 
   nothing around them (:func:`replace_file`). The rename matters: on ext4
   (``auto_da_alloc``) renaming over an existing file flushes the new file's data,
   which costs about an fsync.
+- **no-op effect floor** (the issue's own floor for the pipeline): the subject's very
+  call, ``ToolClient`` through HTTP to a tool server on the same slot, whose
+  ``write_file`` records both receipts but writes nothing
+  (``ops.testing.toolserver.NoopEffect``): what the pipeline costs with nothing to
+  apply, so the subject against it is what the write itself adds.
 
 The breakdown is a table of medians (p50 per call) of arms that add one layer at a
 time, so a reader sees the HTTP stack, the server's service and the client apart.
@@ -59,6 +64,7 @@ REFERENCES = (
     ("baseline", "no-op POST + one fsync (the baseline)"),
     ("floor_two_fsync", "no-op POST + two receipt-sized fsyncs (two-fsync HTTP floor)"),
     ("floor_effect", "the same + the effect's syscalls (effect floor)"),
+    ("floor_noop_effect", "the subject's call with a no-op effect (no-op effect floor)"),
     ("service", "ToolService.call in this process (no HTTP, no client, no log line)"),
 )
 
@@ -135,11 +141,14 @@ def verdict(within: bool) -> str:
 
 
 def write_file_floor(runs: Mapping[str, Sequence[Run]]) -> Floor:
-    """pipeline.write_file against the effect floor, and in the note the two-fsync one."""
+    """pipeline.write_file against the effect floor; in the note against the two-fsync
+    one and the no-op effect one."""
     value = cost_ratio(runs["floor_effect"], runs["baseline"])[0]
     ratio, low, high = cost_ratio(runs["subject"], runs["floor_effect"])
     bare, b_low, b_high = cost_ratio(runs["subject"], runs["floor_two_fsync"])
     bare_value = cost_ratio(runs["floor_two_fsync"], runs["baseline"])[0]
+    noop, n_low, n_high = cost_ratio(runs["subject"], runs["floor_noop_effect"])
+    noop_value = cost_ratio(runs["floor_noop_effect"], runs["baseline"])[0]
     return Floor(
         name="pipeline.floor_with_effect",
         what="no-op POST + intent fsync + the write's syscalls + outcome fsync",
@@ -149,7 +158,10 @@ def write_file_floor(runs: Mapping[str, Sequence[Run]]) -> Floor:
         spread=(low, high),
         note=f"against the two-fsync HTTP floor (pipeline.floor_two_fsync, {bare_value:.3g}x "
         f"the baseline, no effect) the subject is at {bare:.3g}x (pairs: {b_low:.3g} .. "
-        f"{b_high:.3g}); within {FLOOR_BOUND}x: {verdict(bare <= FLOOR_BOUND)}",
+        f"{b_high:.3g}); within {FLOOR_BOUND}x: {verdict(bare <= FLOOR_BOUND)}. Against "
+        f"the same call with a no-op effect (pipeline.floor_noop_effect, {noop_value:.3g}x the "
+        f"baseline) it is at {noop:.3g}x (pairs: {n_low:.3g} .. {n_high:.3g}); within "
+        f"{FLOOR_BOUND}x: {verdict(noop <= FLOOR_BOUND)}",
     )
 
 

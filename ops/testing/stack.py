@@ -99,17 +99,21 @@ def start_toolserver(
     timeout_s: float = 30.0,
     fence: bool = True,
     faults: Path | None = None,
+    noop_effect: bool = False,
 ) -> Child:
-    """``slotrunner toolserver``; with the fence off or a fault plan's directory, the
-    test server ``ops.testing.toolserver`` that takes them."""
+    """``slotrunner toolserver``; with the fence off, a fault plan's directory or
+    ``write_file``'s effect skipped, the test server ``ops.testing.toolserver`` that
+    takes them."""
     args = ["--port", str(port), "--max-concurrent", str(max_concurrent)]
-    if fence and faults is None:
+    if fence and faults is None and not noop_effect:
         argv = slotrunner_argv("toolserver", *args)
     else:
         if not fence:
             args += ["--fence", "off"]
         if faults is not None:
             args += ["--faults", str(faults)]
+        if noop_effect:
+            args += ["--effect", "noop"]
         argv = [sys.executable, "-m", "ops.testing.toolserver", *args]
     child = Child("toolserver", argv, env, log_dir / "toolserver.out")
     wait_http(child, f"http://127.0.0.1:{port}/healthz", timeout_s)

@@ -76,6 +76,12 @@ def assert_floors(doc: dict[str, Any], text: str) -> None:
             row,
         ), row
     assert "pipeline.floor_two_fsync" in figures
+    # The issue's own pipeline floor: the same call with a no-op effect, in the note.
+    assert isinstance(figures["pipeline.floor_noop_effect"]["ratio"], float)
+    assert (
+        "Against the same call with a no-op effect"
+        in figures["pipeline.write_file"]["floor"]["note"]
+    )
     assert "Where the time goes" in text and "| GET /healthz, no-op server |" in text
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from runner.core.stamp import Stamp
+from tools import builtin
 from tools.envelope import Envelope, verdict
 from tools.reasons import Reason
 from tools.receipts.store import ReceiptStore
+from tools.server.effects import run_tool
 
 # The check under the slot lock before a call: None lets it through, a reason refuses
 # it (409). Given the slot's stamp, the envelope, whether the tool mutates, the slot's
@@ -43,12 +46,19 @@ def envelope_fence(
 
 
 class CallHooks:
-    """Points on a call's path where a test may act; each does nothing here.
+    """Points on a call's path where a test may act; here each does what the call does.
 
     A test's subclass (``ops.testing.toolserver``) kills the server in
     :meth:`after_effect`: the "executed, then crashed" fault, the effect in the tree
-    and its outcome never recorded.
+    and its outcome never recorded. Another (``ops.testing.toolserver.NoopEffect``)
+    skips the effect itself: the benchmark's floor of a call with nothing to apply.
     """
+
+    def effect(
+        self, tool: str, ctx: builtin.Context, args: Any, envelope: Envelope
+    ) -> dict[str, Any]:
+        """A mutating call's effect, between its intent and its outcome: the tool run."""
+        return run_tool(tool, ctx, args, envelope)
 
     def after_effect(self, tool: str, key: str) -> None:
         """A mutating call's effect ran; its outcome is not yet recorded."""

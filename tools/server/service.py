@@ -221,7 +221,7 @@ class ToolService:
         started = time.monotonic()
         status, result, detail, http = Status.APPLIED, None, None, 200
         try:
-            result = run_tool(spec.name, ctx, args, envelope)
+            result = self.hooks.effect(spec.name, ctx, args, envelope)
         except paths.PathRefused as exc:
             status, detail, http = (
                 Status.FAILED,
