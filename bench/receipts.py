@@ -157,9 +157,14 @@ def _process_writer(
 
 
 def _processes(jobs: list[tuple[Path, str]], records: int) -> Run:
-    """The store writers of ``jobs`` as processes (forked: no interpreter started in the
-    timed part); the wall time runs from the barrier every child and the parent wait on."""
-    mp = multiprocessing.get_context("fork")
+    """The store writers of ``jobs`` as processes; the wall time runs from the barrier
+    every child and the parent wait on, so their interpreters start outside it.
+
+    Spawned, not forked: a forked ``multiprocessing`` child runs every after-fork handler
+    of the parent's libraries, and kombu's closes pooled broker connections, which hangs
+    on one waiting in ``BRPOP`` (CHANGELOG, the detector's reader). The bench process uses
+    Celery in other benchmarks; this arm must not depend on running before them."""
+    mp = multiprocessing.get_context("spawn")
     barrier = mp.Barrier(len(jobs) + 1)
     out: multiprocessing.SimpleQueue[Any] = mp.SimpleQueue()
     children = [
