@@ -19,15 +19,25 @@ against one in the same run (``receipts.raw_dsync_scaling``, else
 Two more arms, reported without a goal, say where the eight-slot gap lies: the same
 store writers as eight *processes* against one process (``receipts.eight_processes``):
 the store's own scaling with no interpreter lock shared between the slots.
+
+And what a record costs in CPU: the one-writer arms keep each thread's CPU time, and
+two arms on tmpfs (``/dev/shm``, where a sync waits for no device) run the same store
+writer as it is and asleep before each record, so its CPU idles as it does while a
+synced write waits. A note sets these against the eight-slot figure: the scaling the
+CPU time of a record allows on this host.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
+import shutil
 import statistics
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -50,6 +60,8 @@ from tools.receipts.store import RECEIPTS_FILE, ReceiptStore, Status
 ONE_GOAL = Goal(">=", 0.9, ">= 0.9x the raw append+fsync rate (one writer)")
 EIGHT_GOAL = Goal(">=", 3.0, ">= 3x the one-writer rate (eight concurrent slots)")
 WRITERS = 8
+MEMORY_FS = Path("/dev/shm")
+IDLE_S = 200e-6  # the idle arm's sleep before each record: about one synced write here
 
 
 class _Dirs:
@@ -66,11 +78,14 @@ class _Dirs:
         return path
 
 
-def _store_writer(slot_dir: Path, pairs: int, tag: str) -> list[float]:
-    """``pairs`` begin+finish pairs; the duration of each record's call."""
+def _store_writer(slot_dir: Path, pairs: int, tag: str, pause: float = 0.0) -> list[float]:
+    """``pairs`` begin+finish pairs; the duration of each record's call. With ``pause``,
+    the writer sleeps that long (untimed) before each record, as it waits for a device."""
     store = ReceiptStore(slot_dir)
     durations: list[float] = []
     for i in range(pairs):
+        if pause:
+            time.sleep(pause)
         start = time.perf_counter()
         began = store.begin(
             key=f"{tag}:k{i}",
@@ -84,6 +99,9 @@ def _store_writer(slot_dir: Path, pairs: int, tag: str) -> list[float]:
             pre_digest="1" * 64,
         )
         mid = time.perf_counter()
+        if pause:
+            time.sleep(pause)
+            mid = time.perf_counter()
         store.finish(began.receipt, Status.APPLIED, digest="0" * 64, result={"bytes": 120})
         end = time.perf_counter()
         durations += [mid - start, end - mid]
@@ -112,9 +130,48 @@ def _raw_writer(
     return durations
 
 
+@dataclass(frozen=True)
+class CpuUse:
+    """The CPU time one writer thread spent on its records: the total from the thread's
+    CPU clock, split into user and system time in the proportion ``RUSAGE_THREAD``
+    reports (the kernel samples that split at each tick; the clock is exact)."""
+
+    total_s: float
+    user_share: float
+    records: int
+
+    @property
+    def user_us(self) -> float:
+        return self.total_s * self.user_share / self.records * 1e6
+
+    @property
+    def system_us(self) -> float:
+        return self.total_s * (1 - self.user_share) / self.records * 1e6
+
+
+def _thread_cpu() -> tuple[float, float, float]:
+    """This thread's CPU clock, and its user and system time as ``getrusage`` has them."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return time.thread_time(), usage.ru_utime, usage.ru_stime
+
+
+def _cpu_use(start: tuple[float, float, float], records: int) -> CpuUse:
+    clock, user, system = (end - begin for end, begin in zip(_thread_cpu(), start, strict=True))
+    sampled = user + system
+    return CpuUse(clock, user / sampled if sampled > 0 else 1.0, records)
+
+
 def _threads(
-    jobs: list[tuple[Path, str]], records: int, lines: list[bytes] | None, *, dsync: bool = False
+    jobs: list[tuple[Path, str]],
+    records: int,
+    lines: list[bytes] | None,
+    *,
+    dsync: bool = False,
+    cpu: list[CpuUse] | None = None,
+    pause: float = 0.0,
 ) -> Run:
+    """The writers of ``jobs`` as threads; with ``cpu``, each thread's CPU time is added
+    to it."""
     barrier = threading.Barrier(len(jobs) + 1)
     results: list[list[float]] = [[] for _ in jobs]
     errors: list[BaseException] = []
@@ -122,10 +179,13 @@ def _threads(
     def worker(index: int, slot_dir: Path, tag: str) -> None:
         try:
             barrier.wait()
+            start = _thread_cpu()
             if lines is None:
-                results[index] = _store_writer(slot_dir, records // 2, tag)
+                results[index] = _store_writer(slot_dir, records // 2, tag, pause)
             else:
                 results[index] = _raw_writer(slot_dir, lines, records, dsync=dsync)
+            if cpu is not None:
+                cpu.append(_cpu_use(start, len(results[index])))
         except BaseException as exc:  # surfaced in the caller's thread
             errors.append(exc)
 
@@ -197,32 +257,49 @@ def run(ctx: Context) -> BenchResult:
     lines = (sample / RECEIPTS_FILE).read_bytes().splitlines(keepends=True)
     runs_made = 0
 
-    def store_runs(writers: int) -> Run:
+    # CPU time per record of the one-writer arms, and of the store on a memory file
+    # system: where a record's time goes besides the device's wait.
+    cpu: dict[str, list[CpuUse]] = {
+        arm: [] for arm in ("store1", "raw1", "dsync1", "memory1", "idle1")
+    }
+    memory_root = _memory_root()
+    memory_dirs = _Dirs(memory_root) if memory_root is not None else None
+
+    def store_runs(
+        writers: int, on: _Dirs = dirs, use: list[CpuUse] | None = None, pause: float = 0.0
+    ) -> Run:
         nonlocal runs_made
         runs_made += 1
-        return _threads([(dirs.new(), f"r{runs_made}w{w}") for w in range(writers)], records, None)
+        jobs = [(on.new(), f"r{runs_made}w{w}") for w in range(writers)]
+        return _threads(jobs, records, None, cpu=use, pause=pause)
 
-    def raw_runs(writers: int, dsync: bool = False) -> Run:
-        return _threads([(dirs.new(), "") for _ in range(writers)], records, lines, dsync=dsync)
+    def raw_runs(writers: int, dsync: bool = False, use: list[CpuUse] | None = None) -> Run:
+        jobs = [(dirs.new(), "") for _ in range(writers)]
+        return _threads(jobs, records, lines, dsync=dsync, cpu=use)
 
     def process_runs(writers: int) -> Run:
         nonlocal runs_made
         runs_made += 1
         return _processes([(dirs.new(), f"p{runs_made}w{w}") for w in range(writers)], records)
 
-    runs = interleave(
-        reps,
-        {
-            "store1": lambda _: store_runs(1),
-            "raw1": lambda _: raw_runs(1),
-            "store8": lambda _: store_runs(WRITERS),
-            "raw8": lambda _: raw_runs(WRITERS),
-            "dsync1": lambda _: raw_runs(1, dsync=True),
-            "dsync8": lambda _: raw_runs(WRITERS, dsync=True),
-            "proc1": lambda _: process_runs(1),
-            "proc8": lambda _: process_runs(WRITERS),
-        },
-    )
+    arms = {
+        "store1": lambda _: store_runs(1, use=cpu["store1"]),
+        "raw1": lambda _: raw_runs(1, use=cpu["raw1"]),
+        "store8": lambda _: store_runs(WRITERS),
+        "raw8": lambda _: raw_runs(WRITERS),
+        "dsync1": lambda _: raw_runs(1, dsync=True, use=cpu["dsync1"]),
+        "dsync8": lambda _: raw_runs(WRITERS, dsync=True),
+        "proc1": lambda _: process_runs(1),
+        "proc8": lambda _: process_runs(WRITERS),
+    }
+    if memory_dirs is not None:
+        arms["memory1"] = lambda _: store_runs(1, on=memory_dirs, use=cpu["memory1"])
+        arms["idle1"] = lambda _: store_runs(1, on=memory_dirs, use=cpu["idle1"], pause=IDLE_S)
+    try:
+        runs = interleave(reps, arms)
+    finally:
+        if memory_root is not None:
+            shutil.rmtree(memory_root, ignore_errors=True)
     one, one_low, one_high = rate_ratio(runs["store1"], runs["raw1"])
     # The floors use the store's own primitive: an RWF_DSYNC write per record where the
     # durable writer uses one (runner/core/durable.py), else write + fsync.
@@ -381,6 +458,14 @@ def run(ctx: Context) -> BenchResult:
         "it held: in one process the slots queue for that lock, in several they do not."
     )
     result.notes.append(
+        _cpu_note(
+            cpu,
+            raw="dsync1" if synced else "raw1",
+            store_rate=statistics.median(r.rate for r in runs["store1"]),
+            measured=(scale, procs, low_scale),
+        )
+    )
+    result.notes.append(
         f"{reps} repetitions of {records} records per writer per arm, interleaved; raw "
         f"lines cycle through the store's own line sizes ({min(map(len, lines))}-"
         f"{max(map(len, lines))} bytes). For scale: {WRITERS} raw writers reached "
@@ -389,3 +474,68 @@ def run(ctx: Context) -> BenchResult:
         "device), the headroom the eight-slot figure draws on."
     )
     return result
+
+
+def _memory_root() -> Path | None:
+    """A fresh directory on ``/dev/shm`` (tmpfs: a sync waits for no device), or None
+    where there is none to write to."""
+    if not (MEMORY_FS.is_dir() and os.access(MEMORY_FS, os.W_OK | os.X_OK)):
+        return None
+    return Path(tempfile.mkdtemp(prefix="slotrunner-bench-receipts-", dir=MEMORY_FS))
+
+
+def _cpu_note(
+    cpu: dict[str, list[CpuUse]],
+    *,
+    raw: str,
+    store_rate: float,
+    measured: tuple[float, float, float],
+    cores: int | None = None,
+) -> str:
+    """What a record costs in CPU, and the eight-slot scaling that cost allows on this host."""
+    scale, procs, raw_scale = measured
+
+    def per_record(arm: str) -> tuple[float, float]:
+        uses = cpu[arm]
+        return (
+            statistics.median(u.user_us for u in uses),
+            statistics.median(u.system_us for u in uses),
+        )
+
+    user, system = per_record("store1")
+    raw_user, raw_system = per_record(raw)
+    cores = cores or os.cpu_count() or 1
+    wall = 1e6 / store_rate  # one writer's time per record, in microseconds
+    primitive = "RWF_DSYNC" if raw == "dsync1" else "write + fsync"
+    text = (
+        f"CPU time per record, one writer (the thread's CPU clock, split as RUSAGE_THREAD "
+        f"samples it; medians over repetitions): the "
+        f"store {user:.0f} us user + {system:.0f} us system of {wall:.0f} us per record; "
+        f"raw {primitive} writes {raw_user:.0f} + {raw_system:.0f} us."
+    )
+    if cpu["memory1"]:
+        memory_user, memory_system = per_record("memory1")
+        idle_user, idle_system = per_record("idle1")
+        text += (
+            f" The same store records on tmpfs, where a sync waits for no device, cost "
+            f"{memory_user:.0f} + {memory_system:.0f} us; here the store's user time is "
+            f"{user / max(memory_user, 1e-9):.1f}x that. Not the device's doing: on tmpfs "
+            f"with the writer asleep {IDLE_S * 1e6:.0f} us before each record (its CPU "
+            f"idles, as it does while a synced write waits) they cost {idle_user:.0f} + "
+            f"{idle_system:.0f} us"
+        )
+        text += (
+            "; the Python between two syncs runs on a CPU that went idle meanwhile, and "
+            "takes longer there."
+            if idle_user >= 1.5 * memory_user
+            else ", so idling alone does not explain it."
+        )
+    text += (
+        f" On this {cores}-CPU host that cost bounds eight slots whatever the locks do: "
+        f"with every CPU busy on records, at most {cores * wall / (user + system):.2f}x one "
+        f"writer; with the store's user time serialised under the interpreter lock "
+        f"(threads), at most about {wall / max(user, 1e-9):.2f}x. Measured: {scale:.2f}x as "
+        f"threads, {procs:.2f}x as processes; raw writers, at {raw_user + raw_system:.0f} us "
+        f"of CPU a record, {raw_scale:.2f}x."
+    )
+    return text

@@ -51,6 +51,9 @@ def test_quick_run_reports_numeric_ratios_and_floors(tmp_path: Path) -> None:
     assert isinstance(doc["machine"]["cpu_steal_share"], float)
     assert "| CPU stolen by the hypervisor during the run |" in text
     assert_floors(doc, text)
+    # What a receipt record costs in CPU, beside the eight-slot figure it bounds.
+    notes = doc["results"]["receipts"]["notes"]
+    assert any(n.startswith("CPU time per record, one writer") for n in notes), notes
 
 
 def assert_floors(doc: dict[str, Any], text: str) -> None:
