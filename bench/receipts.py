@@ -29,6 +29,7 @@ CPU time of a record allows on this host.
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import resource
@@ -108,6 +109,46 @@ def _store_writer(slot_dir: Path, pairs: int, tag: str, pause: float = 0.0) -> l
     return durations
 
 
+def _lean_writer(slot_dir: Path, pairs: int, tag: str) -> list[float]:
+    """The least Python around the store's record: per record the same system calls
+    (``flock``, ``stat``, the ``RWF_DSYNC`` write, ``lseek``, unlock) through ``os``, a
+    line of the same fields built by one f-string and a ``strftime`` (no model, no
+    validation, no escaping), and a dict as the index. ``pairs`` intent+outcome pairs."""
+    lock_fd = os.open(slot_dir / "lean.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    path = str(slot_dir / "lean.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    index: dict[str, list[str]] = {}
+    digest, pre = "0" * 64, "1" * 64
+    durations: list[float] = []
+    try:
+        for i in range(pairs):
+            key = f"{tag}:k{i}"
+            for status in ("intent", "applied"):
+                start = time.perf_counter()
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                try:
+                    os.stat(path)
+                    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+                    result = ',"result":{"bytes":120}' if status == "applied" else ""
+                    line = (
+                        f'{{"key":"{key}","job_id":"job-{tag}","attempt":1,'
+                        f'"slot_id":"{slot_dir.name}","generation":7,"tool":"write_file",'
+                        f'"relpath":"src/module_{i % 50}.py","digest":"{digest}",'
+                        f'"status":"{status}","ts":"{ts}.000000Z"{result},'
+                        f'"pre_digest":"{pre}"}}\n'
+                    ).encode()
+                    os.pwritev(fd, (line,), -1, os.RWF_DSYNC)
+                    os.lseek(fd, 0, os.SEEK_CUR)
+                    index.setdefault(key, []).append(status)
+                finally:
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                durations.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.close(lock_fd)
+    return durations
+
+
 def _raw_writer(
     slot_dir: Path, lines: list[bytes], records: int, *, dsync: bool = False
 ) -> list[float]:
@@ -169,9 +210,11 @@ def _threads(
     dsync: bool = False,
     cpu: list[CpuUse] | None = None,
     pause: float = 0.0,
+    lean: bool = False,
 ) -> Run:
-    """The writers of ``jobs`` as threads; with ``cpu``, each thread's CPU time is added
-    to it."""
+    """The writers of ``jobs`` as threads: the store's (``lines`` None), the lean ones
+    (``lean``), else raw writers of ``lines``; with ``cpu``, each thread's CPU time is
+    added to it."""
     barrier = threading.Barrier(len(jobs) + 1)
     results: list[list[float]] = [[] for _ in jobs]
     errors: list[BaseException] = []
@@ -180,7 +223,9 @@ def _threads(
         try:
             barrier.wait()
             start = _thread_cpu()
-            if lines is None:
+            if lean:
+                results[index] = _lean_writer(slot_dir, records // 2, tag)
+            elif lines is None:
                 results[index] = _store_writer(slot_dir, records // 2, tag, pause)
             else:
                 results[index] = _raw_writer(slot_dir, lines, records, dsync=dsync)
@@ -291,6 +336,7 @@ def run(ctx: Context) -> BenchResult:
         "dsync8": lambda _: raw_runs(WRITERS, dsync=True),
         "proc1": lambda _: process_runs(1),
         "proc8": lambda _: process_runs(WRITERS),
+        "lean1": lambda _: _threads([(dirs.new(), "lean")], records, None, lean=True),
     }
     if memory_dirs is not None:
         arms["memory1"] = lambda _: store_runs(1, on=memory_dirs, use=cpu["memory1"])
@@ -419,6 +465,32 @@ def run(ctx: Context) -> BenchResult:
                 f"raw {WRITERS}-writer records/s / raw one-writer records/s (a floor)",
             )
         )
+    # The least Python around a record, against the same floor as the store.
+    lean = rate_ratio(runs["lean1"], runs[low1])
+    floor_label = "1 thread, os.pwritev(RWF_DSYNC)" if synced else "1 thread, os.write + os.fsync"
+    result.figures.append(
+        floor_figure(
+            "receipts.lean_python",
+            "records/s of the least Python around a record vs the raw writes of the floor",
+            (
+                "1 thread: the store's system calls via os, an f-string line, a dict index",
+                floor_label,
+            ),
+            "records/s",
+            (summarize(runs["lean1"]), summarize(runs[low1])),
+            lean,
+            "lean records/s / raw records/s (no goal: what Python alone leaves of the floor)",
+        )
+    )
+    store_share = one_floor.ratio
+    result.notes.append(
+        f"The least Python around a record (receipts.lean_python: the store's system "
+        f"calls through os, the line built by one f-string, a dict for an index) reaches "
+        f"{lean[0]:.2f}x the floor's rate (within 1.2x: {'yes' if lean[0] >= 1 / 1.2 else 'no'}); "
+        f"the store reaches {store_share:.2f}x. Between the two lie the store's model "
+        "(pydantic validation and serialisation of each record), its clock and its held "
+        "calls; between the lean writer and the floor, the interpreter itself."
+    )
     raw8, r_low, r_high = rate_ratio(runs["store8"], runs["raw8"])
     result.figures.append(
         Figure(

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.receipts import CpuUse, _cpu_note, _threads
+from bench.receipts import CpuUse, _cpu_note, _lean_writer, _threads
+from tools.receipts.format import Status, parse_line
 
 
 def _slots(root: Path, count: int) -> list[tuple[Path, str]]:
@@ -75,3 +76,17 @@ def test_the_note_does_not_blame_idling_when_idling_costs_nothing() -> None:
     note = _note(idle=_uses(21, 6))
     assert "so idling alone does not explain it" in note
     assert "went idle meanwhile" not in note
+
+
+@pytest.mark.timeout(60)
+def test_the_lean_writer_writes_records_the_store_would_read(tmp_path: Path) -> None:
+    """The lean arm is a fair floor only if it writes the same records: every line it
+    appends parses as a receipt of the store's format, intent then outcome per key."""
+    durations = _lean_writer(tmp_path, 5, "lean")
+    assert len(durations) == 10
+    lines = (tmp_path / "lean.jsonl").read_bytes().splitlines(keepends=True)
+    receipts = [parse_line(line) for line in lines]
+    assert all(r is not None for r in receipts), lines
+    assert [(r.key, r.status) for r in receipts if r is not None] == [
+        (f"lean:k{i}", status) for i in range(5) for status in (Status.INTENT, Status.APPLIED)
+    ]
