@@ -591,19 +591,22 @@ def _cpu_note(
     if cpu["memory1"]:
         memory_user, memory_system = per_record("memory1")
         idle_user, idle_system = per_record("idle1")
-        text += (
-            f" The same store records on tmpfs, where a sync waits for no device, cost "
-            f"{memory_user:.0f} + {memory_system:.0f} us; here the store's user time is "
-            f"{user / max(memory_user, 1e-9):.1f}x that. Not the device's doing: on tmpfs "
+        idled = idle_user >= 1.5 * memory_user  # the slowdown shows without a device
+        asleep = (
             f"with the writer asleep {IDLE_S * 1e6:.0f} us before each record (its CPU "
             f"idles, as it does while a synced write waits) they cost {idle_user:.0f} + "
             f"{idle_system:.0f} us"
         )
         text += (
-            "; the Python between two syncs runs on a CPU that went idle meanwhile, and "
-            "takes longer there."
-            if idle_user >= 1.5 * memory_user
-            else ", so idling alone does not explain it."
+            f" The same store records on tmpfs, where a sync waits for no device, cost "
+            f"{memory_user:.0f} + {memory_system:.0f} us; here the store's user time is "
+            f"{user / max(memory_user, 1e-9):.1f}x that."
+        )
+        text += (
+            f" Not the device's doing: on tmpfs {asleep}; the Python between two syncs "
+            "runs on a CPU that went idle meanwhile, and takes longer there."
+            if idled
+            else f" On tmpfs {asleep}, so idling alone does not explain it."
         )
     text += (
         f" On this {cores}-CPU host that cost bounds eight slots whatever the locks do: "
