@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.sandbox.cgroup import GRACE_S, PidsCgroup
+from runner.core.poll import PollTimeout, poll_until
+from tools.sandbox.cgroup import GRACE_S, POLL_S, PidsCgroup
 from tools.sandbox.policy import Limits, rlimits
 from tools.sandbox.shim import capped, child_argv, find_prlimit
 from tools.sandbox.zygote import Zygote
@@ -81,7 +82,33 @@ def _kill_tree(proc: subprocess.Popen[bytes], cgroup: PidsCgroup | None) -> None
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # our child leads its own session and group
     if cgroup is not None:
-        cgroup.kill_all()
+        cgroup.kill_all()  # returns once the cgroup is empty
+        return
+    # Without a cgroup, wait for the group to be dead as well: a SIGKILL is delivered
+    # when its target next runs. bwrap's own init is in the group, and bwrap exits as
+    # soon as that init reports the command's exit, before the init has taken the rest
+    # of its PID namespace down (a setsid leaver there is in no group of ours). The
+    # namespace is gone once its init is dead.
+    with contextlib.suppress(PollTimeout):
+        poll_until(lambda: not group_alive(proc.pid), GRACE_S, POLL_S)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still alive (a zombie is dead: it is only
+    waiting to be reaped)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        # After the command name's closing parenthesis: state, ppid, pgrp, ...
+        state, _ppid, pgrp = stat.rsplit(b")", 1)[1].split(maxsplit=3)[:3]
+        if int(pgrp) == pgid and state not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def execute(
