@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.sandbox.cgroup import PidsCgroup
+from tools.sandbox.process import proc_stat
 
 MARKER_ENV = "SLOTRUNNER_AGENT_RUN"
 TAIL_BYTES = 16 * 1024
@@ -207,27 +208,13 @@ def tree_pids(leader: int, marker: str, cgroup: PidsCgroup | None) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         pid = int(entry.name)
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         if stat is None or stat[0] == "Z":
             found.discard(pid)
             continue
         if leader in stat[1:] or pid in found or _has_marker(pid, needle):
             found.add(pid)
     return sorted(pid for pid in found if _alive(pid))
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, process group, session) of ``pid``, or None when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses: the fields follow the last ")".
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    try:
-        return fields[0].decode(), int(fields[2]), int(fields[3])
-    except (IndexError, ValueError):
-        return None
 
 
 def _has_marker(pid: int, needle: bytes) -> bool:
@@ -238,7 +225,7 @@ def _has_marker(pid: int, needle: bytes) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    stat = _stat(pid)
+    stat = proc_stat(pid)
     return stat is not None and stat[0] != "Z"
 
 

@@ -97,18 +97,25 @@ def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` is still alive (a zombie is dead: it is only
     waiting to be reaped)."""
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        # After the command name's closing parenthesis: state, ppid, pgrp, ...
-        state, _ppid, pgrp = stat.rsplit(b")", 1)[1].split(maxsplit=3)[:3]
-        if int(pgrp) == pgid and state not in (b"Z", b"X"):
-            return True
+        if entry.name.isdigit():
+            stat = proc_stat(int(entry.name))
+            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+                return True
     return False
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, session) of ``pid``, or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: the fields follow the last ")".
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return fields[0].decode(), int(fields[2]), int(fields[3])
+    except (IndexError, ValueError):
+        return None
 
 
 def execute(
