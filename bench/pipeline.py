@@ -13,14 +13,16 @@ A third arm, reported without a goal, splits the cost: the same call straight in
 ``ToolService.call`` in the benchmark's own process (hook, slot lock, receipts, the
 write; no HTTP, no client, no log line) against the same baseline.
 
-Floors (``bench.pipeline_floors``), interleaved with the arms above: the two-fsync
-HTTP floor (the baseline's POST + two receipt-sized appends and fsyncs) and the effect
-floor (the same + the write's own system calls between the two records); the subject
-is set against the effect floor. The issue's own pipeline floor, the same call with a
-no-op effect, is a third: ``ToolClient`` to a second tool server on the same slot whose
-``write_file`` does everything but the write (``--effect noop`` of the test server,
-``ops.testing.toolserver.NoopEffect``): what the pipeline costs with nothing to apply.
-Five more arms, in the same rotation, make the
+Floors (``bench.pipeline_floors``), interleaved with the arms above: the issue's own
+pipeline floor, the same call with a no-op effect: ``ToolClient`` to a second tool
+server on the same slot whose ``write_file`` does everything but the write (``--effect
+noop`` of the test server, ``ops.testing.toolserver.NoopEffect``), what the pipeline
+costs with nothing to apply. The subject is set against it; for that verdict the two
+are also called in turn, one call of each at a time (``bench.stats.alternate``), since
+what the write adds is smaller than one block of calls drifts from the next. Beside
+it: the two-fsync HTTP floor (the baseline's POST + two receipt-sized appends and
+fsyncs) and the effect floor (the same + the write's own system calls between the two
+records). Five more arms, in the same rotation, make the
 breakdown of where a call's time goes (the last note): GET /healthz on the no-op
 server and on the tool server, read_file and write_file by a bare httpx client to the
 tool server, and the subject.
@@ -46,6 +48,7 @@ from bench.stats import (
     Figure,
     Goal,
     Run,
+    alternate,
     cost_ratio,
     floor_figure,
     interleave,
@@ -188,6 +191,17 @@ def run(ctx: Context) -> BenchResult:
         def arm(op: Callable[[int], object]) -> Callable[[int], Run]:
             return lambda _: timed(n, op)
 
+        # The subject and its no-op effect floor again, call by call in turn: what the
+        # write adds to a call is a few tenths of a millisecond, less than one block of
+        # calls drifts from the next here, so the floor's verdict pairs single calls.
+        in_turn: dict[str, list[Run]] = {"subject": [], "floor_noop_effect": []}
+
+        def in_turn_arm(_: int) -> Run:
+            runs = alternate(n, {"subject": subject_call, "floor_noop_effect": noop_effect_call})
+            for name, one in runs.items():
+                in_turn[name].append(one)
+            return runs["subject"]
+
         runs = interleave(
             reps,
             {
@@ -201,8 +215,11 @@ def run(ctx: Context) -> BenchResult:
                 "healthz": arm(lambda _: healthz(direct)),
                 "read_bare": arm(read_bare),
                 "write_bare": arm(write_bare),
+                "in_turn": in_turn_arm,
             },
         )
+        runs["subject_in_turn"] = in_turn["subject"]
+        runs["noop_effect_in_turn"] = in_turn["floor_noop_effect"]
         ratio, low, high = cost_ratio(runs["subject"], runs["baseline"])
         result.figures.append(
             Figure(

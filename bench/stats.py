@@ -80,6 +80,25 @@ def interleave(reps: int, arms: dict[str, Callable[[int], Run]]) -> dict[str, li
     return runs
 
 
+def alternate(n: int, ops: dict[str, Callable[[int], object]]) -> dict[str, Run]:
+    """``n`` rounds of every op in turn, each op timed on its own: A B, B A, A B, ...
+
+    A finer pairing than :func:`interleave`'s blocks, for arms whose difference is
+    small beside how much a block of one arm drifts from the next on a noisy machine
+    (a disk's latency swings from one second to the next): here every op of one arm
+    sits beside one of the other, in the same second. The order flips each round, so
+    neither op always runs right after the other one's I/O.
+    """
+    names = list(ops)
+    durations: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(n):
+        for name in names if i % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            ops[name](i)
+            durations[name].append(time.perf_counter() - start)
+    return {name: Run(tuple(d), sum(d), n) for name, d in durations.items()}
+
+
 def summarize(runs: Sequence[Run]) -> dict[str, float]:
     """p50 and p99 per operation (all repetitions pooled), median rate over repetitions."""
     pooled = [d for run in runs for d in run.op_s]
