@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from tools.receipts.store import (
     ReceiptDurabilityError,
     ReceiptStore,
     Status,
+    utc_stamp,
 )
 
 # A bounded wait for anything another process must do; never a sleep.
@@ -181,6 +182,31 @@ def test_timestamps_are_utc_iso(slot: Path) -> None:
     )
     with pytest.raises(ValueError, match="naive"):
         _begin(ReceiptStore(slot, clock=lambda: datetime(2024, 5, 1)), "k2")
+
+
+def _iso(micros: int) -> str:
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize(
+    "micros",
+    [0, 1, 999_999, 1_000_000, 1_764_000_000_999_999, 1_764_000_001_000_000, 4_102_444_799_123_456],
+)
+def test_the_default_stamp_is_the_datetime_one(micros: int) -> None:
+    """The default clock's fast stamp is, to the microsecond, the ISO form of the same
+    instant as a UTC datetime, including across a second boundary (its cached part)."""
+    assert utc_stamp(micros * 1000 + 999) == _iso(micros)
+    assert utc_stamp((micros + 1) * 1000) == _iso(micros + 1)
+
+
+def test_the_default_clock_stamps_records_now(slot: Path) -> None:
+    """A store with the default clock stamps each record with the moment it wrote it."""
+    before = datetime.now(UTC)
+    receipt = _begin(ReceiptStore(slot), "k1").receipt
+    after = datetime.now(UTC)
+    assert receipt.ts.endswith("Z") and len(receipt.ts) == len("2026-12-07T05:58:33.123456Z")
+    assert before - timedelta(microseconds=1) <= datetime.fromisoformat(receipt.ts) <= after
 
 
 def test_to_wire_omits_none_fields(slot: Path) -> None:
