@@ -20,6 +20,13 @@ Two more arms, reported without a goal, say where the eight-slot gap lies: the s
 store writers as eight *processes* against one process (``receipts.eight_processes``):
 the store's own scaling with no interpreter lock shared between the slots.
 
+The floor of the store's design, beside the raw one: each raw write inside the
+store's other system calls for a record (``flock``, ``stat``, then ``lseek`` and
+unlock: docs/architecture.md §Receipts), through ``os`` and with no other Python, one
+writer (``receipts.protocol_calls``) and eight (``receipts.protocol_calls_scaling``).
+The floors' notes set the store against them: what the protocol's calls cost apart
+from the Python around them.
+
 And what a record costs in CPU: the one-writer arms keep each thread's CPU time, and
 two arms on tmpfs (``/dev/shm``, where a sync waits for no device) run the same store
 writer as it is and asleep before each record, so its CPU idles as it does while a
@@ -150,24 +157,42 @@ def _lean_writer(slot_dir: Path, pairs: int, tag: str) -> list[float]:
 
 
 def _raw_writer(
-    slot_dir: Path, lines: list[bytes], records: int, *, dsync: bool = False
+    slot_dir: Path,
+    lines: list[bytes],
+    records: int,
+    *,
+    dsync: bool = False,
+    protocol: bool = False,
 ) -> list[float]:
     """``records`` appends cycling through ``lines``, each written and fsynced (or, with
-    ``dsync``, each written with ``RWF_DSYNC``: the store's own primitive)."""
-    fd = os.open(slot_dir / "raw.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    ``dsync``, each written with ``RWF_DSYNC``: the store's own primitive). With
+    ``protocol``, each write sits inside the store's other system calls for a record
+    (``flock`` of a lock file, ``stat`` of the file, then after the write ``lseek`` and
+    unlock), made through ``os`` with nothing else around them."""
+    path = str(slot_dir / "raw.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    lock_fd = os.open(slot_dir / "raw.lock", os.O_RDWR | os.O_CREAT, 0o644) if protocol else -1
     durations: list[float] = []
     try:
         for i in range(records):
             line = lines[i % len(lines)]
             start = time.perf_counter()
+            if protocol:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                os.stat(path)
             if dsync:
                 os.pwritev(fd, (line,), -1, os.RWF_DSYNC)
             else:
                 os.write(fd, line)
                 os.fsync(fd)
+            if protocol:
+                os.lseek(fd, 0, os.SEEK_CUR)
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
             durations.append(time.perf_counter() - start)
     finally:
         os.close(fd)
+        if lock_fd >= 0:
+            os.close(lock_fd)
     return durations
 
 
@@ -211,10 +236,11 @@ def _threads(
     cpu: list[CpuUse] | None = None,
     pause: float = 0.0,
     lean: bool = False,
+    protocol: bool = False,
 ) -> Run:
     """The writers of ``jobs`` as threads: the store's (``lines`` None), the lean ones
-    (``lean``), else raw writers of ``lines``; with ``cpu``, each thread's CPU time is
-    added to it."""
+    (``lean``), else raw writers of ``lines`` (inside the store's other system calls
+    with ``protocol``); with ``cpu``, each thread's CPU time is added to it."""
     barrier = threading.Barrier(len(jobs) + 1)
     results: list[list[float]] = [[] for _ in jobs]
     errors: list[BaseException] = []
@@ -228,7 +254,9 @@ def _threads(
             elif lines is None:
                 results[index] = _store_writer(slot_dir, records // 2, tag, pause)
             else:
-                results[index] = _raw_writer(slot_dir, lines, records, dsync=dsync)
+                results[index] = _raw_writer(
+                    slot_dir, lines, records, dsync=dsync, protocol=protocol
+                )
             if cpu is not None:
                 cpu.append(_cpu_use(start, len(results[index])))
         except BaseException as exc:  # surfaced in the caller's thread
@@ -303,6 +331,9 @@ def run(ctx: Context) -> BenchResult:
     _store_writer(sample, 50, "warm")
     lines = (sample / RECEIPTS_FILE).read_bytes().splitlines(keepends=True)
     runs_made = 0
+    # The floors use the store's own primitive: an RWF_DSYNC write per record where the
+    # durable writer uses one (runner/core/durable.py), else write + fsync.
+    synced = durable.synced_appends()
 
     # CPU time per record of the one-writer arms, and of the store on a memory file
     # system: where a record's time goes besides the device's wait.
@@ -320,9 +351,11 @@ def run(ctx: Context) -> BenchResult:
         jobs = [(on.new(), f"r{runs_made}w{w}") for w in range(writers)]
         return _threads(jobs, records, None, cpu=use, pause=pause)
 
-    def raw_runs(writers: int, dsync: bool = False, use: list[CpuUse] | None = None) -> Run:
+    def raw_runs(
+        writers: int, dsync: bool = False, use: list[CpuUse] | None = None, protocol: bool = False
+    ) -> Run:
         jobs = [(dirs.new(), "") for _ in range(writers)]
-        return _threads(jobs, records, lines, dsync=dsync, cpu=use)
+        return _threads(jobs, records, lines, dsync=dsync, cpu=use, protocol=protocol)
 
     def process_runs(writers: int) -> Run:
         nonlocal runs_made
@@ -339,6 +372,9 @@ def run(ctx: Context) -> BenchResult:
         "proc1": lambda _: process_runs(1),
         "proc8": lambda _: process_runs(WRITERS),
         "lean1": lambda _: _threads([(dirs.new(), "lean")], records, None, lean=True),
+        # The store's five system calls a record and nothing else, with its primitive.
+        "calls1": lambda _: raw_runs(1, dsync=synced, protocol=True),
+        "calls8": lambda _: raw_runs(WRITERS, dsync=synced, protocol=True),
     }
     if memory_dirs is not None:
         arms["memory1"] = lambda _: store_runs(1, on=memory_dirs, use=cpu["memory1"])
@@ -349,11 +385,19 @@ def run(ctx: Context) -> BenchResult:
         if memory_root is not None:
             shutil.rmtree(memory_root, ignore_errors=True)
     one, one_low, one_high = rate_ratio(runs["store1"], runs["raw1"])
-    # The floors use the store's own primitive: an RWF_DSYNC write per record where the
-    # durable writer uses one (runner/core/durable.py), else write + fsync.
-    synced = durable.synced_appends()
     low1, low8 = ("dsync1", "dsync8") if synced else ("raw1", "raw8")
     dsync_gain = rate_ratio(runs["dsync1"], runs["raw1"])
+    # The protocol's own system calls (receipts.protocol_calls): the floor of this store's
+    # design, reported beside the raw floor the verdict uses.
+    calls = rate_ratio(runs["calls1"], runs[low1])
+    versus_calls = rate_ratio(runs["store1"], runs["calls1"])
+    calls_note = (
+        f"against the protocol's system calls alone (receipts.protocol_calls: flock, stat, "
+        f"the synced write, lseek, unlock through os and nothing else, {calls[0]:.3g}x the "
+        f"raw floor's rate) the store is at {versus_calls[0]:.3g}x (pairs: "
+        f"{versus_calls[1]:.3g} .. {versus_calls[2]:.3g}); within 1.2x: "
+        f"{'yes' if versus_calls[0] * 1.2 >= 1 else 'no'}"
+    )
     if synced:
         d_ratio, d_low, d_high = rate_ratio(runs["store1"], runs["dsync1"])
         one_floor = Floor(
@@ -364,6 +408,7 @@ def run(ctx: Context) -> BenchResult:
             ratio_means="store records/s / raw RWF_DSYNC records/s",
             higher_is_better=True,
             spread=(d_low, d_high),
+            note=calls_note,
         )
     else:
         one_floor = Floor(
@@ -374,6 +419,7 @@ def run(ctx: Context) -> BenchResult:
             ratio_means="store records/s / raw records/s",
             higher_is_better=True,
             spread=(one_low, one_high),
+            note=calls_note,
         )
     result.figures.append(
         Figure(
@@ -397,12 +443,16 @@ def run(ctx: Context) -> BenchResult:
     raw_scale, low_scale = raw_scaling[0], low_scaling[0]
     low_name = "receipts.raw_dsync_scaling" if synced else "receipts.raw_scaling"
     # Per repetition: the store's scaling over raw writers' scaling in the same repetition.
-    versus = [
-        (s8.rate / s1.rate) / (r8.rate / r1.rate)
-        for s8, s1, r8, r1 in zip(
-            runs["store8"], runs["store1"], runs[low8], runs[low1], strict=True
-        )
-    ]
+    versus = _scaling_pairs(runs["store8"], runs["store1"], runs[low8], runs[low1])
+    calls_scaling = rate_ratio(runs["calls8"], runs["calls1"])
+    versus_calls8 = _scaling_pairs(runs["store8"], runs["store1"], runs["calls8"], runs["calls1"])
+    calls8_note = (
+        f"against the protocol's system calls alone, {WRITERS} threads vs 1 "
+        f"(receipts.protocol_calls_scaling: {calls_scaling[0]:.3g}x) the store's scaling is "
+        f"at {statistics.median(versus_calls8):.3g}x of theirs (pairs: {min(versus_calls8):.3g} "
+        f".. {max(versus_calls8):.3g}); within 1.2x: "
+        f"{'yes' if statistics.median(versus_calls8) * 1.2 >= 1 else 'no'}"
+    )
     result.figures.append(
         Figure(
             name="receipts.eight_slots",
@@ -424,6 +474,7 @@ def run(ctx: Context) -> BenchResult:
                 ratio_means=f"store {WRITERS}-vs-1 scaling / raw {WRITERS}-vs-1 scaling",
                 higher_is_better=True,
                 spread=(min(versus), max(versus)),
+                note=calls8_note,
             ),
         )
     )
@@ -467,6 +518,33 @@ def run(ctx: Context) -> BenchResult:
                 f"raw {WRITERS}-writer records/s / raw one-writer records/s (a floor)",
             )
         )
+    primitive = "os.pwritev(RWF_DSYNC)" if synced else "os.write + os.fsync"
+    result.figures.append(
+        floor_figure(
+            "receipts.protocol_calls",
+            "records/s of the store's system calls alone vs the raw writes of the floor",
+            (
+                f"1 thread: flock, stat, {primitive}, lseek, unlock; nothing else",
+                f"1 thread, {primitive}",
+            ),
+            "records/s",
+            (summarize(runs["calls1"]), summarize(runs[low1])),
+            calls,
+            "protocol records/s / raw records/s (no goal: what the store's other system "
+            "calls leave of the floor)",
+        )
+    )
+    result.figures.append(
+        floor_figure(
+            "receipts.protocol_calls_scaling",
+            f"records/s of {WRITERS} concurrent writers of the store's system calls alone vs one",
+            (f"{WRITERS} threads, the same calls, each its own file", "1 thread, the same calls"),
+            "records/s",
+            (summarize(runs["calls8"]), summarize(runs["calls1"])),
+            calls_scaling,
+            f"{WRITERS}-writer records/s / one-writer records/s (no goal: a floor of the design)",
+        )
+    )
     # The least Python around a record, against the same floor as the store.
     lean = rate_ratio(runs["lean1"], runs[low1])
     floor_label = "1 thread, os.pwritev(RWF_DSYNC)" if synced else "1 thread, os.write + os.fsync"
@@ -549,6 +627,17 @@ def run(ctx: Context) -> BenchResult:
         "device), the headroom the eight-slot figure draws on."
     )
     return result
+
+
+def _scaling_pairs(
+    store8: list[Run], store1: list[Run], other8: list[Run], other1: list[Run]
+) -> list[float]:
+    """Per repetition: the store's eight-vs-one scaling over another writer's, measured
+    in the same repetition."""
+    return [
+        (s8.rate / s1.rate) / (o8.rate / o1.rate)
+        for s8, s1, o8, o1 in zip(store8, store1, other8, other1, strict=True)
+    ]
 
 
 def _memory_root() -> Path | None:

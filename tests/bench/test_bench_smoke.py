@@ -88,6 +88,13 @@ def assert_floors(doc: dict[str, Any], text: str) -> None:
     assert "measured as blocks of calls" in note
     assert "called in turn" in figures["pipeline.write_file"]["floor"]["ratio_means"]
     assert "Where the time goes" in text and "| GET /healthz, no-op server |" in text
+    # The receipts' floors also name the store's design floor: its system calls alone.
+    for name, floor_name in (
+        ("receipts.one_writer", "receipts.protocol_calls"),
+        ("receipts.eight_slots", "receipts.protocol_calls_scaling"),
+    ):
+        assert isinstance(figures[floor_name]["ratio"], float)
+        assert "against the protocol's system calls alone" in figures[name]["floor"]["note"]
 
 
 def test_unknown_benchmark_is_a_usage_error() -> None:

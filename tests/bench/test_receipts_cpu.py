@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.receipts import CpuUse, _cpu_note, _lean_writer, _threads
+from bench.receipts import CpuUse, _cpu_note, _lean_writer, _raw_writer, _threads
 from tools.receipts.format import Status, parse_line
 
 
@@ -90,3 +90,13 @@ def test_the_lean_writer_writes_records_the_store_would_read(tmp_path: Path) -> 
     assert [(r.key, r.status) for r in receipts if r is not None] == [
         (f"lean:k{i}", status) for i in range(5) for status in (Status.INTENT, Status.APPLIED)
     ]
+
+
+def test_the_protocol_writer_writes_every_line_inside_its_lock(tmp_path: Path) -> None:
+    """The design floor's writer appends each of its records whole (with the lock file
+    it takes beside them), as many as it was asked for."""
+    lines = [b'{"a":1}\n', b'{"bb":22}\n']
+    durations = _raw_writer(tmp_path, lines, 5, dsync=True, protocol=True)
+    assert len(durations) == 5 and all(d > 0 for d in durations)
+    assert (tmp_path / "raw.jsonl").read_bytes() == b"".join([*lines, *lines, lines[0]])
+    assert (tmp_path / "raw.lock").exists()
