@@ -28,7 +28,8 @@ from runner.workspace.git import GitRunner, WorkspaceError
 from runner.workspace.source import Source, parse_source
 from tools.sandbox.layout import MIRROR_SUFFIX
 
-_FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+# A whole commit id (SHA-1 or SHA-256), as git prints it: it names one commit forever.
+FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 BASE_REFS = "refs/slotrunner/bases"
 
 
@@ -133,8 +134,14 @@ class RepoCaches:
         if not base or base.startswith("-") or any(c in base for c in "\x00\n\r"):
             raise WorkspaceError(f"base {base!r} is not a commit-ish")
         mirror = mirror_of(cache)
-        if _FULL_SHA.fullmatch(base) and (found := self.commit_of(mirror, base)):
-            return found  # a commit id never moves: no fetch needed
+        if FULL_SHA.fullmatch(base):
+            # A commit id never moves: no fetch needed. One that keep_base kept has its
+            # loose ref, written by update-ref only for a commit rev-parse proved: it is
+            # in the mirror and reachable (no gc prunes it), no git process needed.
+            if (mirror / BASE_REFS / base).is_file():
+                return base
+            if found := self.commit_of(mirror, base):
+                return found
         # A branch or tag name may have moved in the source since the last fetch: ask.
         if not fresh:
             self._git("--git-dir", str(mirror), "fetch", "-q", "--prune", "origin", what="fetch")
@@ -145,7 +152,7 @@ class RepoCaches:
             "--git-dir", str(mirror), "fetch", "--quiet", "origin", base, check=False
         )
         found = self.commit_of(mirror, "FETCH_HEAD") if status == 0 else None
-        if found and (not _FULL_SHA.fullmatch(base) or found == base):
+        if found and (not FULL_SHA.fullmatch(base) or found == base):
             return found
         raise WorkspaceError(f"unknown base {base!r}: no such commit, branch or tag in {source}")
 

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.core.git import add_all, stderr_of
-from runner.workspace.cache import RepoCaches
+from runner.workspace.cache import FULL_SHA, RepoCaches
 from runner.workspace.fs import remove_nested_git, remove_tree
 from runner.workspace.git import WorkspaceError
 
 WORK_DIR = "work"
+# How many (repository, commit) -> tree answers tree_of keeps before starting over.
+_COMMIT_TREES_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class SlotWorkTrees:
         self.caches = caches
         self.slots_dir = caches.home / "slots"
         self._git = caches.git
+        # (repository, full commit id) -> the commit's tree id: tree_of's answers.
+        self._commit_trees: dict[tuple[str, str], str] = {}
 
     def is_slot_work(self, target: Path) -> bool:
         """True when ``target`` is where a slot's work tree lives (``slots/<id>/work``)."""
@@ -88,11 +92,24 @@ class SlotWorkTrees:
         return tree, self.worktree_tree(tree, nested=False)
 
     def tree_of(self, git_dir: Path, commit: str) -> str | None:
+        """The tree id of ``commit`` in ``git_dir``; None when it has no such commit."""
+        if (known := self._commit_trees.get((str(git_dir), commit))) is not None:
+            return known
         status, out, _ = self._git(
             "--git-dir", str(git_dir), "rev-parse", "--verify", "--quiet",
             "--end-of-options", f"{commit}^{{tree}}", check=False,
         )  # fmt: skip
-        return out.decode().strip() if status == 0 else None
+        if status != 0:
+            return None
+        tree = out.decode().strip()
+        if FULL_SHA.fullmatch(commit):
+            # A commit id names one tree for good, and git never drops an object the
+            # recycle stands on (the base ref keeps it): the answer is kept, since the
+            # recycle asks it for the same few bases job after job.
+            if len(self._commit_trees) >= _COMMIT_TREES_KEPT:
+                self._commit_trees.clear()
+            self._commit_trees[(str(git_dir), commit)] = tree
+        return tree
 
     def checkout(self, work: Path, cache: Path, commit: str) -> WorkTree:
         """Make `work` a pristine worktree of `cache` at `commit`, reusing it if it is one."""

@@ -6,10 +6,13 @@ import multiprocessing
 import os
 import queue
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from runner.core.git import run_git
+from runner.workspace.cache import BASE_REFS, mirror_of
 from runner.workspace.git import WorkspaceError
 from runner.workspace.workspaces import Prepared, Workspaces
 
@@ -124,6 +127,44 @@ def test_cache_is_cloned_once_and_reused(ws: Workspaces, src: Path) -> None:
     assert list(ws.repos_dir.glob("*.git")) == [cache]
     assert cache.name == f"{first.repo_key}.git"
     assert first.base_commit == base
+
+
+def test_a_known_base_commit_is_recycled_to_without_asking_git_for_it(
+    ws: Workspaces, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job after job at the same commit id, git is asked nothing about the commit: it is
+    resolved from its kept base ref and its tree id is remembered. The tree is still
+    checked against it: a recycle that left a file behind is caught and started over."""
+    base = base_of(src)
+    first = ws.prepare(slot(ws, "s1"), str(src), base, "job-1")
+    lines: list[tuple[str, ...]] = []
+
+    def recorded(
+        *args: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        lines.append(args)
+        return run_git(*args, env=env)
+
+    # Every git call of the workspace layers goes through runner.workspace.git's run_git.
+    monkeypatch.setattr("runner.workspace.git.run_git", recorded)
+    work = slot(ws, "s1") / "work"
+    (work / "left-by-job-1.txt").write_text("x\n")
+    second = ws.prepare(slot(ws, "s1"), str(src), base, "job-2")
+    assert second.base_commit == first.base_commit == base
+    assert second.start_tree == first.start_tree == git(src, "rev-parse", "HEAD^{tree}")
+    assert not (work / "left-by-job-1.txt").exists()
+    assert lines, "the recycle itself still runs git"
+    assert not [args for args in lines if "rev-parse" in args], lines
+
+    # The shortcut stands on the kept ref: without it the commit is looked up again.
+    ref = mirror_of(ws.cache_for(str(src))) / BASE_REFS / base
+    assert ref.is_file()
+    ref.unlink()
+    lines.clear()
+    third = ws.prepare(slot(ws, "s1"), str(src), base, "job-3")
+    assert third.base_commit == base
+    assert [args for args in lines if "rev-parse" in args]
+    assert ref.is_file()  # kept again
 
 
 def test_branch_base_follows_the_source(ws: Workspaces, src: Path) -> None:
