@@ -47,6 +47,7 @@ def test_quick_run_reports_numeric_ratios_and_floors(tmp_path: Path) -> None:
         "receipts.eight_slots",
         "receipts.eight_processes",
         "receipts.lean_python",
+        "receipts.lean_model",
     } <= names
     assert "## Machine" in text and "pipeline.write_file" in text
     assert isinstance(doc["machine"]["cpu_steal_share"], float)

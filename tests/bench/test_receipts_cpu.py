@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.receipts import CpuUse, _cpu_note, _lean_writer, _raw_writer, _threads
-from tools.receipts.format import Status, parse_line
+from tools.receipts.format import Status, encode_line, parse_line
 
 
 def _slots(root: Path, count: int) -> list[tuple[Path, str]]:
@@ -90,6 +90,30 @@ def test_the_lean_writer_writes_records_the_store_would_read(tmp_path: Path) -> 
     assert [(r.key, r.status) for r in receipts if r is not None] == [
         (f"lean:k{i}", status) for i in range(5) for status in (Status.INTENT, Status.APPLIED)
     ]
+
+
+@pytest.mark.timeout(60)
+def test_the_model_writer_writes_the_lean_records_through_the_store_s_model(
+    tmp_path: Path,
+) -> None:
+    """The model arm differs from the lean one only in who makes the line: the same
+    records, field for field (all but the clock's stamp), made by Receipt + encode_line."""
+    lean_dir, model_dir = tmp_path / "lean", tmp_path / "model"
+    lean_dir.mkdir()
+    model_dir.mkdir()
+    _lean_writer(lean_dir, 3, "t")
+    assert len(_lean_writer(model_dir, 3, "t", model=True)) == 6
+
+    def records(directory: Path) -> list[dict[str, object]]:
+        lines = (directory / "lean.jsonl").read_bytes().splitlines(keepends=True)
+        parsed = [parse_line(line) for line in lines]
+        assert all(r is not None for r in parsed), lines
+        return [r.model_dump(exclude={"ts", "slot_id"}) for r in parsed if r is not None]
+
+    assert records(model_dir) == records(lean_dir)
+    first = (model_dir / "lean.jsonl").read_bytes().splitlines(keepends=True)[0]
+    record = parse_line(first)
+    assert record is not None and encode_line(record) == first
 
 
 def test_the_protocol_writer_writes_every_line_inside_its_lock(tmp_path: Path) -> None:
