@@ -68,7 +68,7 @@ def alert(incident: Incident, note: str | None = None) -> dict[str, Any]:
     return {"labels": labels, "annotations": annotations, "startsAt": i.ts}
 
 
-def _retry_on(exc: Exception) -> bool | float:
+def _retry_on(exc: BaseException) -> bool | float:
     """stamina's hook: retry what may pass next time; a float is the delay to use."""
     if isinstance(exc, httpx.TransportError):
         return True

@@ -152,7 +152,7 @@ class ToolClient:
         body = {"envelope": envelope.model_dump(), "args": args}
         attempt = 0
 
-        def hook(exc: Exception) -> bool | float:
+        def hook(exc: BaseException) -> bool | float:
             if isinstance(exc, _Failure) and exc.decision.action in _RETRYING:
                 self.decisions[exc.decision.action.value] += 1
                 self._last_decision = exc.decision.action.value
@@ -315,7 +315,7 @@ class ToolClient:
         backoff = classifier.RECONCILE_BACKOFF
         resends = 0
 
-        def hook(exc: Exception) -> bool | float:
+        def hook(exc: BaseException) -> bool | float:
             if isinstance(exc, _Unsettled):
                 return exc.delay_s
             return isinstance(exc, httpx.TransportError)
