@@ -617,24 +617,26 @@ def run(ctx: Context) -> BenchResult:
     )
     store_share = one_floor.ratio
     gap = lean[0] - store_share
-    model_share = (lean[0] - modelled[0]) / gap if gap > 0 else float("nan")
+    if gap <= 0:
+        model_part = ""
+    elif modelled[0] < lean[0]:
+        model_part = (
+            f": the model accounts for {(lean[0] - modelled[0]) / gap:.0%} of the gap "
+            "between the lean writer and the store"
+        )
+    else:
+        model_part = (
+            ", no slower than the lean writer in this run (the arms swing by more than the "
+            "model costs)"
+        )
     result.notes.append(
         f"The least Python around a record (receipts.lean_python: the store's system "
         f"calls through os, the line built by one f-string, a dict for an index) reaches "
         f"{lean[0]:.2f}x the floor's rate (within 1.2x: {'yes' if lean[0] >= 1 / 1.2 else 'no'}); "
         f"the store reaches {store_share:.2f}x. The same lean writer with only its line "
         f"made by the store's record model (receipts.lean_model: a validated Receipt, "
-        f"encode_line, the store's clock) reaches {modelled[0]:.2f}x"
-        + (
-            ""
-            if gap <= 0
-            else f": the model accounts for {model_share:.0%} of the gap between the lean "
-            "writer and the store"
-            if modelled[0] < lean[0]
-            else ", no slower than the lean writer in this run (the arms swing by more "
-            "than the model costs)"
-        )
-        + "; the rest of the store's Python (the index, the checks around each append, "
+        f"encode_line, the store's clock) reaches {modelled[0]:.2f}x{model_part}"
+        "; the rest of the store's Python (the index, the checks around each append, "
         "the held calls) for what remains. Between the lean writer and the floor lies the "
         "interpreter itself."
     )

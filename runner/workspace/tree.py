@@ -93,7 +93,8 @@ class SlotWorkTrees:
 
     def tree_of(self, git_dir: Path, commit: str) -> str | None:
         """The tree id of ``commit`` in ``git_dir``; None when it has no such commit."""
-        if (known := self._commit_trees.get((str(git_dir), commit))) is not None:
+        key = (str(git_dir), commit)
+        if (known := self._commit_trees.get(key)) is not None:
             return known
         status, out, _ = self._git(
             "--git-dir", str(git_dir), "rev-parse", "--verify", "--quiet",
@@ -108,7 +109,7 @@ class SlotWorkTrees:
             # recycle asks it for the same few bases job after job.
             if len(self._commit_trees) >= _COMMIT_TREES_KEPT:
                 self._commit_trees.clear()
-            self._commit_trees[(str(git_dir), commit)] = tree
+            self._commit_trees[key] = tree
         return tree
 
     def checkout(self, work: Path, cache: Path, commit: str) -> WorkTree:

@@ -133,8 +133,8 @@ def test_a_known_base_commit_is_recycled_to_without_asking_git_for_it(
     ws: Workspaces, src: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Job after job at the same commit id, git is asked nothing about the commit: it is
-    resolved from its kept base ref and its tree id is remembered. The tree is still
-    checked against it: a recycle that left a file behind is caught and started over."""
+    resolved from its kept base ref and its tree id is remembered. The recycle still
+    leaves the tree pristine at that tree: a file the last job left is gone."""
     base = base_of(src)
     first = ws.prepare(slot(ws, "s1"), str(src), base, "job-1")
     lines: list[tuple[str, ...]] = []
