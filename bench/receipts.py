@@ -29,8 +29,9 @@ from the Python around them, and how far the calls alone come to the raw floor.
 
 Where the one-writer gap lies: the least Python around those calls
 (``receipts.lean_python``: an f-string line, a dict index), and the same lean writer
-with its line made by the store's record model (``receipts.lean_model``: a validated
-``Receipt``, ``encode_line``), each against the raw floor.
+with its line made by the store's record model (``receipts.lean_model``: a ``Receipt``
+encoded and checked by decoding its line back, ``record_of``), each against the raw
+floor.
 
 And what a record costs in CPU: the one-writer arms keep each thread's CPU time, and
 two arms on tmpfs (``/dev/shm``, where a sync waits for no device) run the same store
@@ -68,7 +69,7 @@ from bench.stats import (
     summarize,
 )
 from runner.core import durable
-from tools.receipts.format import encode_line
+from tools.receipts.format import record_of
 from tools.receipts.store import RECEIPTS_FILE, Receipt, ReceiptStore, Status, utc_stamp
 
 ONE_GOAL = Goal(">=", 0.9, ">= 0.9x the raw append+fsync rate (one writer)")
@@ -128,8 +129,8 @@ def _lean_writer(slot_dir: Path, pairs: int, tag: str, model: bool = False) -> l
     line of the same fields built by one f-string and a ``strftime`` (no model, no
     validation, no escaping), and a dict as the index. ``pairs`` intent+outcome pairs.
 
-    With ``model``, the line is the store's own instead: the record built and validated
-    as :class:`Receipt` and encoded by :func:`encode_line`, with the store's clock; the
+    With ``model``, the line is the store's own instead: the record built as
+    :class:`Receipt`, encoded and checked by :func:`record_of`, with the store's clock; the
     rest stays as lean. What the record model alone costs around a sync."""
     lock_fd = os.open(slot_dir / "lean.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     path = str(slot_dir / "lean.jsonl")
@@ -160,7 +161,7 @@ def _lean_writer(slot_dir: Path, pairs: int, tag: str, model: bool = False) -> l
                             pre_digest=pre,
                             result={"bytes": 120} if status == "applied" else None,
                         )
-                        line = encode_line(record)
+                        line = record_of(record)[1]
                     else:
                         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
                         result = ',"result":{"bytes":120}' if status == "applied" else ""
@@ -605,7 +606,7 @@ def run(ctx: Context) -> BenchResult:
             "receipts.lean_model",
             "records/s of the lean writer with the store's record model vs the raw writes",
             (
-                "1 thread: as receipts.lean_python, the line a validated Receipt encoded",
+                "1 thread: as receipts.lean_python, the line a Receipt through record_of",
                 floor_label,
             ),
             "records/s",
@@ -634,8 +635,8 @@ def run(ctx: Context) -> BenchResult:
         f"calls through os, the line built by one f-string, a dict for an index) reaches "
         f"{lean[0]:.2f}x the floor's rate (within 1.2x: {'yes' if lean[0] >= 1 / 1.2 else 'no'}); "
         f"the store reaches {store_share:.2f}x. The same lean writer with only its line "
-        f"made by the store's record model (receipts.lean_model: a validated Receipt, "
-        f"encode_line, the store's clock) reaches {modelled[0]:.2f}x{model_part}"
+        f"made by the store's record model (receipts.lean_model: a Receipt through "
+        f"record_of, the store's clock) reaches {modelled[0]:.2f}x{model_part}"
         "; the rest of the store's Python (the index, the checks around each append, "
         "the held calls) for what remains. Between the lean writer and the floor lies the "
         "interpreter itself."

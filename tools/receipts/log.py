@@ -32,9 +32,10 @@ marker names the new file (a rotation); any other replacement is a loss.
 The in-memory index is refreshed by reading only the bytes appended since the last
 read, so a lookup costs O(new bytes), not O(file); when the file still ends where
 this store's own last record ended (one ``stat``), nothing is read at all. A record
-this store appends is folded into the index from the value it wrote, not read back:
-under the lock its line is known to be the last one (the ``O_APPEND`` offset after
-the write says where it ended), so the file and the index cannot disagree.
+this store appends is folded into the index as its line decodes (the line it wrote,
+not read back from the file): under the lock its line is known to be the last one
+(the ``O_APPEND`` offset after the write says where it ended), so the file and the
+index cannot disagree.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from runner.core.durable import Fsync, append_record_fd, open_append, os_fsync
 from tools.errors import ToolError
 from tools.reasons import Reason
 from tools.receipts.archive import Archive
-from tools.receipts.format import TORN_TERMINATOR, Receipt, Status, encode_line, parse_line
+from tools.receipts.format import TORN_TERMINATOR, Receipt, Status, parse_line, record_of
 
 RECEIPTS_FILE = "receipts.jsonl"
 LOCK_FILE = "receipts.lock"
@@ -318,7 +319,9 @@ class ReceiptLog:
     def _append(self, receipt: Receipt) -> Receipt:
         """Durably append the line of ``receipt`` (lock held, index fresh); never retried.
 
-        Returns ``receipt``, now in the index.
+        Returns the record as the file holds it (read back from its line: see
+        :func:`tools.receipts.format.record_of`), now in the index; ``ValueError``,
+        and nothing written, when ``receipt`` is not a valid record.
         """
         if self._broken is not None:
             # A second fsync after a failed one can report success for pages the
@@ -326,9 +329,9 @@ class ReceiptLog:
             raise ReceiptDurabilityError(
                 f"{self.path} is not written after an earlier failure: {self._broken}"
             )
-        record = encode_line(receipt)
+        receipt, encoded = record_of(receipt)
         torn = self._tail_torn
-        line = TORN_TERMINATOR + record if torn else record
+        line = TORN_TERMINATOR + encoded if torn else encoded
         try:
             end = append_record_fd(self._append_fd(), line, self._dir, fsync=self._fsync)
         except OSError as exc:  # DurabilityError, or a failed open/write: fate unknown
@@ -342,7 +345,7 @@ class ReceiptLog:
             self._refresh()
             return receipt
         # Our line is the file's last and follows everything already folded: fold the
-        # record we wrote instead of reading and parsing it back.
+        # record decoded from it instead of reading it back from the file.
         if torn:
             self._malformed += 1  # the torn tail, now closed by TORN_TERMINATOR
             self._tail_torn = False

@@ -40,6 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from runner.core.durable import Fsync, os_fsync
 from tools.errors import ToolError
 from tools.reasons import Reason
@@ -207,17 +209,15 @@ class ReceiptStore(ReceiptLog):
                 )
             if state.outcome is not None:
                 return state.outcome
-            # Validated like a line read back (and the result dict copied: the index
-            # must not change when the caller later changes its own dict).
-            outcome = Receipt.model_validate(
-                {
-                    **intent.__dict__,
-                    "status": status,
-                    "ts": self._now(),
-                    "digest": digest if digest is not None else intent.digest,
-                    "detail": detail,
-                    "result": result,
-                }
+            # Checked, and the result dict copied, as it is read back from its line
+            # (_append): the index must not change when the caller changes its dict.
+            outcome = msgspec.structs.replace(
+                intent,
+                status=status,
+                ts=self._now(),
+                digest=digest if digest is not None else intent.digest,
+                detail=detail,
+                result=result,
             )
             return self._append(outcome)
         finally:

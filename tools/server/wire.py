@@ -22,7 +22,7 @@ from runner.core.stamp import Stamp
 from tools import registry
 from tools.envelope import Envelope
 from tools.reasons import Reason
-from tools.receipts.format import Receipt
+from tools.receipts.format import ReceiptModel
 
 
 class _Body(BaseModel):
@@ -40,7 +40,7 @@ class Unauthorized(_Body):
 class Forbidden(_Body):
     error: Literal[Reason.OUTSIDE_WORKSPACE, Reason.TOOL_NOT_ALLOWED]
     message: str
-    receipt: Receipt | None = Field(
+    receipt: ReceiptModel | None = Field(
         default=None, description="the failed receipt, when a mutating call got this far"
     )
 
@@ -67,7 +67,7 @@ class Conflict(_Body):
         Reason.OUTCOME_UNKNOWN,
     ]
     message: str
-    receipt: Receipt | None = Field(
+    receipt: ReceiptModel | None = Field(
         default=None, description="outcome_unknown: the exec intent that has no outcome"
     )
 
@@ -96,7 +96,7 @@ class OutcomeUnknown(_Body):
 
 
 class ReceiptFound(_Body):
-    receipt: Receipt
+    receipt: ReceiptModel
 
 
 class NoReceipt(_Body):
@@ -199,7 +199,7 @@ def reply_model(spec: registry.ToolSpec) -> type[BaseModel]:
         __base__=_Body,
         result=(result, ...),
         receipt=(
-            Receipt | None,
+            ReceiptModel | None,
             Field(description="the call's receipt; null for a read-only tool"),
         ),
         replayed=(bool, Field(description="true when answered from an earlier outcome")),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ops.detect.receipts_audit import DUPLICATE_APPLIED, TWO_JOBS, audit
@@ -78,7 +79,7 @@ def test_a_second_applied_record_of_a_key_is_found_where_it_sits(
     store = ReceiptStore(slot)
     first = applied(store, "job-1:a1:s0:write_file", "job-1", 1)
     applied(store, "job-1:a1:s1:write_file", "job-1", 1)
-    plant(slot, first.model_copy(update={"ts": "2999-01-01T00:00:00.000000Z"}))
+    plant(slot, msgspec.structs.replace(first, ts="2999-01-01T00:00:00.000000Z"))
     if archived:
         assert store.rotate() == 2  # the planted line goes into the segment, verbatim
         applied(store, "job-2:a1:s0:write_file", "job-2", 2)
@@ -112,8 +113,8 @@ def test_a_key_that_names_two_jobs_is_found(home: Path) -> None:
     store = ReceiptStore(slot)
     first = applied(store, "shared-key", "job-1", 1)
     assert store.rotate() == 1
-    foreign = first.model_copy(update={"job_id": "job-2", "generation": 2})
-    plant(slot, foreign.model_copy(update={"status": Status.INTENT}))
+    foreign = msgspec.structs.replace(first, job_id="job-2", generation=2)
+    plant(slot, msgspec.structs.replace(foreign, status=Status.INTENT))
     plant(slot, foreign)
     store.close()
     found = audit(home / "slots")

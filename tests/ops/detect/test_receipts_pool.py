@@ -10,6 +10,7 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ops.detect.receipts_audit import DUPLICATE_APPLIED, TWO_JOBS, ReceiptViolation, audit
@@ -131,7 +132,7 @@ def _write(home: Path, slot_id: str, jobs: str) -> None:
     store.close()
     for spelled in jobs[1:]:
         status = Status.APPLIED if spelled.isupper() else Status.INTENT
-        plant(slot, first.model_copy(update={"job_id": f"job-{spelled.upper()}", "status": status}))
+        plant(slot, msgspec.structs.replace(first, job_id=f"job-{spelled.upper()}", status=status))
 
 
 @pytest.mark.parametrize(
@@ -225,7 +226,7 @@ def _fill(slot: Path, keys: int) -> None:
     slot.mkdir(parents=True, exist_ok=True)
     with open(slot / RECEIPTS_FILE, "wb") as f:
         for n in range(keys):
-            f.write(encode_line(base.model_copy(update={"key": f"{job}:a1:s{n}:write_file"})))
+            f.write(encode_line(msgspec.structs.replace(base, key=f"{job}:a1:s{n}:write_file")))
 
 
 def _peak(slots_dir: Path) -> int:
