@@ -283,17 +283,38 @@ class Forwarder:
     async def relay(self, flight: Flight, response: httpx.Response) -> AsyncGenerator[bytes, None]:
         """The upstream's stream as it comes; the lease is released when it ends, breaks,
         or the caller goes away (the generator is closed or cancelled, or never started:
-        then :class:`LeasedStream` ends the flight itself)."""
+        then :class:`LeasedStream` ends the flight itself).
+
+        The stream counts as streamed once its last event (``[DONE]``) has been passed
+        on, not only once the upstream's body has ended: the official client stops
+        reading at ``[DONE]`` and hangs up, which can come before the body's end
+        reaches the gateway, and that caller did get the whole stream."""
+        tail = b""
         try:
             try:
                 async for piece in response.aiter_raw():
                     yield piece
+                    tail = (tail + piece)[-len(_DONE_TAIL) - 8 :]
+                    if _ends_with_done(tail):
+                        flight.outcome = "streamed"
                 flight.outcome = "streamed"
             except httpx.HTTPError as exc:
                 flight.outcome = "stream_broken"
                 yield error_event(f"the upstream broke off the stream: {type(exc).__name__}")
         finally:
             await flight.end_stream(response)
+
+
+_DONE_TAIL = wire.SSE_DONE.rstrip()  # b"data: [DONE]"
+
+
+def _ends_with_done(tail: bytes) -> bool:
+    """Whether the bytes passed on so far end with the ``[DONE]`` event, its blank
+    line included (either line ending)."""
+    for end in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        if tail.endswith(end):
+            return tail[: -len(end)].endswith(_DONE_TAIL)
+    return False
 
 
 async def _drain(response: httpx.Response) -> None:

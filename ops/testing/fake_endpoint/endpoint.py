@@ -3,8 +3,9 @@
 :class:`FakeEndpoint` counts what it serves (``/stats``), draws each request's fate
 from its plan (:mod:`ops.testing.fake_endpoint.plan`) and returns a :class:`Reply`
 that the HTTP layer (:mod:`ops.testing.fake_endpoint.server`) only writes. Its test
-seams hold requests in service (:meth:`FakeEndpoint.hold`) or streams after their
-first event (:meth:`FakeEndpoint.pause_streams`).
+seams hold requests in service (:meth:`FakeEndpoint.hold`), streams after their
+first event (:meth:`FakeEndpoint.pause_streams`) or before the end of their body
+(:meth:`FakeEndpoint.hold_stream_ends`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class FakeEndpoint:
         self._gate.set()
         self._stream_gate = threading.Event()
         self._stream_gate.set()
+        self._stream_end_gate = threading.Event()
+        self._stream_end_gate.set()
         self._seen: OrderedDict[str, tuple[int, bytes | None]] = OrderedDict()
         self._service_ms: deque[float] = deque(maxlen=SERVICE_SAMPLES)
         self._counts = dict.fromkeys(
@@ -114,11 +117,25 @@ class FakeEndpoint:
         """Where a stream waits after its first event while streams are paused."""
         self._stream_gate.wait()
 
+    def hold_stream_ends(self) -> None:
+        """Write every stream's last event (``[DONE]``) but hold the end of its body
+        until :meth:`release_stream_ends` (tests hold the gap between the two, where a
+        client that stops reading at ``[DONE]`` hangs up)."""
+        self._stream_end_gate.clear()
+
+    def release_stream_ends(self) -> None:
+        self._stream_end_gate.set()
+
+    def stream_ending(self) -> None:
+        """Where a stream waits after its last event while stream ends are held."""
+        self._stream_end_gate.wait()
+
     def stop(self) -> None:
         """End every wait now (hangs, holds, paused streams), so shutdown does not wait."""
         self._stop.set()
         self._gate.set()
         self._stream_gate.set()
+        self._stream_end_gate.set()
 
     def wait_for(
         self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float

@@ -90,6 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if i == 0:
                     self.server.endpoint.stream_paused()
             close()  # a stream of no events
+            self.server.endpoint.stream_ending()
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away mid-stream

@@ -68,6 +68,29 @@ def test_a_stream_arrives_chunk_by_chunk_and_holds_its_lease_to_the_end(
     assert stats["in_flight"] == 0 and stats["committed"] == 1 and stats["released"] == 1
 
 
+def test_a_caller_that_hangs_up_at_done_has_had_its_whole_stream(
+    gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
+) -> None:
+    """The official client stops reading at ``[DONE]`` and closes the connection; the
+    upstream holds the end of its body past that. Every event was passed on, so the
+    stream counts as streamed, not as a caller gone, and its lease is back."""
+    server, url = endpoint
+    run = new_run()
+    agent = client(gateway.mint(url, eval_run=run, bound=1))
+    server.endpoint.hold_stream_ends()
+    try:
+        assert stream_text(stream(agent)) == "one two three four"
+        # The gateway's relay is still waiting for the upstream's end when the client
+        # has gone: the hang-up is seen there, with the end of the body held back.
+        gateway.wait_for(lambda g: g["leases_held"] == 0)
+    finally:
+        server.endpoint.release_stream_ends()
+    gateway.wait_for(lambda g: g["outcomes"]["streamed"] == 1 and g["leases_held"] == 0)
+    assert gateway.stats()["gateway"]["outcomes"]["client_gone"] == 0
+    stats = desk_stats(gateway.redis, run, 1)
+    assert stats["in_flight"] == 0 and stats["committed"] == 1 and stats["released"] == 1
+
+
 def test_a_caller_that_goes_away_mid_stream_gives_its_lease_back(
     gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
 ) -> None:
