@@ -8,8 +8,9 @@ bare ``bwrap <the sandbox's own mounts> -- bash -c true`` through ``subprocess.r
 the least a contained command can cost. The bwrap self-test ran at the server's
 start, as in production.
 
-Floors (issue #17), interleaved with both arms, as ``bench/pipeline_floors.py`` does
-for ``write_file``:
+Floors (issue #17), measured with both arms, as ``bench/pipeline_floors.py`` does
+for ``write_file``; the four arms are called in turn, one call of each at a time
+(``bench.stats.alternate``):
 
 - **sandbox floor** (``sandbox.exec_sandbox_floor``): ``tools.sandbox.run.run`` of the
   same command in this process, with the slot's layout and exec's limits: what the
@@ -42,9 +43,9 @@ from bench.stats import (
     Floor,
     Goal,
     Run,
+    alternate,
     cost_ratio,
     floor_figure,
-    interleave,
     not_measured,
     summarize,
     timed,
@@ -161,18 +162,17 @@ def figure(ctx: Context, reps: int, n: int) -> tuple[list[Figure], list[str]]:
 
         timed(3, floor_call)
 
-        def arm(op: Callable[[int], object]) -> Callable[[int], Run]:
-            return lambda _: timed(n, op)
-
-        runs = interleave(
-            reps,
-            {
-                "subject": arm(exec_call),
-                "bare": arm(bare_run),
-                "sandbox": arm(sandbox_run),
-                "floor_call": arm(floor_call),
-            },
-        )
+        # Call by call (A B C D, D C B A, ...), not block by block: a run costs a few
+        # milliseconds, and a block of one arm can meet a slow second of the host (a
+        # sync queued behind another, a cgroup's teardown) that its pair's never sees.
+        ops: dict[str, Callable[[int], object]] = {
+            "subject": exec_call,
+            "bare": bare_run,
+            "sandbox": sandbox_run,
+            "floor_call": floor_call,
+        }
+        per_rep = [alternate(n, ops) for _ in range(reps)]
+        runs = {name: [rep[name] for rep in per_rep] for name in ops}
     ratio, low, high = cost_ratio(runs["subject"], runs["bare"])
     found = Figure(
         name=NAME,
@@ -204,8 +204,8 @@ def figure(ctx: Context, reps: int, n: int) -> tuple[list[Figure], list[str]]:
         )
     ]
     notes = [
-        f"exec: {reps} repetitions of {n} calls per arm, interleaved (subject, bare, "
-        "sandbox floor, call floor).",
+        f"exec: {reps} repetitions of {n} calls per arm, the arms called in turn, one call "
+        "of each at a time (subject, bare, sandbox floor, call floor).",
         breakdown(runs),
     ]
     return [found, *floors], notes

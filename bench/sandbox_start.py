@@ -90,7 +90,7 @@ def run(ctx: Context) -> BenchResult:
         f"{reps} repetitions of {n} runs per arm, interleaved; mode used: {warm.mode}; "
         f"warning: {warm.warning or 'none'}."
     )
-    exec_figures, notes = exec_start.figure(ctx, reps, n)
+    exec_figures, notes = exec_start.figure(ctx, reps, ctx.pick(10, 100))
     result.figures += exec_figures
     result.notes += notes  # the last is a table, which ends the list of notes
     return result
