@@ -288,7 +288,9 @@ class Forwarder:
         The stream counts as streamed once its last event (``[DONE]``) has been passed
         on, not only once the upstream's body has ended: the official client stops
         reading at ``[DONE]`` and hangs up, which can come before the body's end
-        reaches the gateway, and that caller did get the whole stream."""
+        reaches the gateway, and that caller did get the whole stream. For the same
+        reason an upstream that breaks off after its ``[DONE]`` has not broken the
+        stream: no error event follows it."""
         tail = b""
         try:
             try:
@@ -299,8 +301,9 @@ class Forwarder:
                         flight.outcome = "streamed"
                 flight.outcome = "streamed"
             except httpx.HTTPError as exc:
-                flight.outcome = "stream_broken"
-                yield error_event(f"the upstream broke off the stream: {type(exc).__name__}")
+                if flight.outcome != "streamed":  # after [DONE] the caller has it all
+                    flight.outcome = "stream_broken"
+                    yield error_event(f"the upstream broke off the stream: {type(exc).__name__}")
         finally:
             await flight.end_stream(response)
 

@@ -5,7 +5,8 @@ from its plan (:mod:`ops.testing.fake_endpoint.plan`) and returns a :class:`Repl
 that the HTTP layer (:mod:`ops.testing.fake_endpoint.server`) only writes. Its test
 seams hold requests in service (:meth:`FakeEndpoint.hold`), streams after their
 first event (:meth:`FakeEndpoint.pause_streams`) or before the end of their body
-(:meth:`FakeEndpoint.hold_stream_ends`).
+(:meth:`FakeEndpoint.hold_stream_ends`), or break streams off
+(:meth:`FakeEndpoint.break_streams`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class FakeEndpoint:
         self._stream_gate.set()
         self._stream_end_gate = threading.Event()
         self._stream_end_gate.set()
+        self._break_streams_after: int | None = None
         self._seen: OrderedDict[str, tuple[int, bytes | None]] = OrderedDict()
         self._service_ms: deque[float] = deque(maxlen=SERVICE_SAMPLES)
         self._counts = dict.fromkeys(
@@ -125,6 +127,23 @@ class FakeEndpoint:
 
     def release_stream_ends(self) -> None:
         self._stream_end_gate.set()
+
+    def break_streams(self, after_events: int) -> None:
+        """Drop every stream's connection after at most ``after_events`` events, before
+        the end of its body, until :meth:`mend_streams` (tests break a stream off
+        mid-way, or just after its ``[DONE]`` with a number past its last event)."""
+        if after_events < 0:
+            raise ValueError(f"after_events must be >= 0, not {after_events}")
+        self._break_streams_after = after_events
+
+    def mend_streams(self) -> None:
+        self._break_streams_after = None
+
+    def stream_breaks(self, written: int, total: int) -> bool:
+        """Whether a stream that has written ``written`` of its ``total`` events is to be
+        broken off now."""
+        after = self._break_streams_after
+        return after is not None and written == min(after, total)
 
     def stream_ending(self) -> None:
         """Where a stream waits after its last event while stream ends are held."""

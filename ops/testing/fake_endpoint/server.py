@@ -70,6 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
         closed (a gateway then admits the next within its bound).
         """
         closed = False
+        endpoint = self.server.endpoint
 
         def close() -> None:
             nonlocal closed
@@ -83,14 +84,20 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(name, value)
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
+            if endpoint.stream_breaks(0, len(events)):
+                self.close_connection = True  # broken off: no end of body
+                return
             for i, event in enumerate(events):
                 if i == len(events) - 1:
                     close()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 if i == 0:
-                    self.server.endpoint.stream_paused()
+                    endpoint.stream_paused()
+                if endpoint.stream_breaks(i + 1, len(events)):
+                    self.close_connection = True  # broken off: no end of body
+                    return
             close()  # a stream of no events
-            self.server.endpoint.stream_ending()
+            endpoint.stream_ending()
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away mid-stream

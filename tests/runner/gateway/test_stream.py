@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import redis
@@ -89,6 +90,51 @@ def test_a_caller_that_hangs_up_at_done_has_had_its_whole_stream(
     assert gateway.stats()["gateway"]["outcomes"]["client_gone"] == 0
     stats = desk_stats(gateway.redis, run, 1)
     assert stats["in_flight"] == 0 and stats["committed"] == 1 and stats["released"] == 1
+
+
+def test_an_upstream_that_breaks_off_mid_stream_ends_it_with_an_error_event(
+    gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
+) -> None:
+    """The upstream drops its connection after its first event: the agent gets that
+    chunk, then the error event, which the official client raises; the stream counts
+    as broken and its lease is back."""
+    server, url = endpoint
+    run = new_run()
+    agent = client(gateway.mint(url, eval_run=run, bound=1))
+    server.endpoint.break_streams(after_events=1)
+    chunks = iter(stream(agent))
+    first = next(chunks)
+    assert first.choices[0].delta.role == "assistant"
+    with pytest.raises(openai.APIError, match="the upstream broke off the stream"):
+        next(chunks)
+    gateway.wait_for(lambda g: g["outcomes"]["stream_broken"] == 1 and g["leases_held"] == 0)
+    assert gateway.outcomes()["streamed"] == 0
+    assert desk_stats(gateway.redis, run, 1)["in_flight"] == 0
+
+
+def test_an_upstream_that_breaks_off_after_done_has_streamed_it_whole(
+    gateway: Gateway, endpoint: tuple[FakeEndpointServer, str]
+) -> None:
+    """Every event, ``[DONE]`` last, then the upstream drops its connection before the
+    end of its body. A caller that reads to the end of the gateway's body (not the
+    official client, which stops at ``[DONE]``) finds ``[DONE]`` last and no error
+    event after it; the stream counts as streamed, not broken."""
+    server, url = endpoint
+    run = new_run()
+    credential = gateway.mint(url, eval_run=run, bound=1)
+    server.endpoint.break_streams(after_events=10**6)  # past its last event
+    body = {"model": "fake-model", "messages": HI, "stream": True}
+    headers = {"authorization": f"Bearer {credential.secret}"}
+    with httpx.stream(
+        "POST", f"{credential.gateway_url}/chat/completions", json=body, headers=headers
+    ) as reply:
+        assert reply.status_code == 200
+        raw = b"".join(reply.iter_raw())
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert b'"error"' not in raw
+    gateway.wait_for(lambda g: g["outcomes"]["streamed"] == 1 and g["leases_held"] == 0)
+    assert gateway.outcomes()["stream_broken"] == 0
+    assert desk_stats(gateway.redis, run, 1)["in_flight"] == 0
 
 
 def test_a_caller_that_goes_away_mid_stream_gives_its_lease_back(
