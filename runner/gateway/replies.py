@@ -10,7 +10,7 @@ and stops: when the caller goes away it cancels the iteration, and when a write
 fails it leaves the iterator suspended, to be closed whenever the garbage collector
 gets to it. So :class:`LeasedStream` closes its iterator itself, at once, on every
 way out, and then calls ``ended``: the iterator's ``finally``
-(``runner.gateway.forward.Forwarder.relay``) has released the lease already, unless
+(``runner.gateway.flight.Flight.relay``) has released the lease already, unless
 it never started (the caller left before the first byte), and ``ended`` does then.
 """
 
