@@ -148,3 +148,64 @@ def test_close_ends_a_paused_stream(start: Any) -> None:
     server.close()
     reader.join(10)
     assert not reader.is_alive()
+
+
+def stream_post(server: FakeEndpointServer) -> httpx.Response:
+    base = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+    return httpx.post(base, json={"model": "fake-model", "messages": HI, "stream": True})
+
+
+def read_until_broken(server: FakeEndpointServer) -> bytes:
+    """A stream's bytes up to where its connection was dropped (it must be dropped)."""
+    base = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+    body = {"model": "fake-model", "messages": HI, "stream": True}
+    got = b""
+    with (
+        httpx.stream("POST", base, json=body) as reply,
+        pytest.raises(httpx.RemoteProtocolError),
+    ):
+        for piece in reply.iter_raw():
+            got += piece
+    return got
+
+
+def test_a_broken_stream_stops_after_its_events_without_an_end_of_body(start: Any) -> None:
+    """``break_streams(after_events=N)``: N events, then the connection is dropped
+    mid-body (a client sees an incomplete chunked body); mended, streams end whole."""
+    server, _ = start(echo_text="one two three")
+    server.endpoint.break_streams(after_events=2)
+    got = read_until_broken(server)
+    assert got.count(b"data: ") == 2 and wire.SSE_DONE not in got
+    server.endpoint.break_streams(after_events=10**6)  # every event, then no end
+    assert read_until_broken(server).endswith(wire.SSE_DONE)
+    server.endpoint.mend_streams()
+    assert stream_post(server).content.endswith(wire.SSE_DONE)
+    with pytest.raises(ValueError, match="after_events"):
+        server.endpoint.break_streams(after_events=-1)
+
+
+def test_a_held_stream_end_comes_after_its_done_on_release(start: Any) -> None:
+    """``hold_stream_ends``: every event, ``[DONE]`` last, is written; the end of the
+    body waits for ``release_stream_ends``."""
+    server, _ = start(echo_text="one two")
+    server.endpoint.hold_stream_ends()
+    base = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+    body = {"model": "fake-model", "messages": HI, "stream": True}
+    got = b""
+    with httpx.stream("POST", base, json=body) as reply:
+        pieces = reply.iter_raw()
+        while not got.endswith(wire.SSE_DONE):
+            got += next(pieces)
+        ended = threading.Event()
+
+        def rest() -> None:
+            for _ in pieces:
+                pass
+            ended.set()
+
+        reader = threading.Thread(target=rest)
+        reader.start()
+        assert not ended.wait(0.3)  # the body is held open after [DONE]
+        server.endpoint.release_stream_ends()
+        reader.join(10)
+    assert ended.is_set()
