@@ -10,7 +10,7 @@ start, as in production.
 
 Floors (issue #17), measured with both arms, as ``bench/pipeline_floors.py`` does
 for ``write_file``; the four arms are called in turn, one call of each at a time
-(``bench.stats.alternate``):
+(``bench.stats.alternate_reps``):
 
 - **sandbox floor** (``sandbox.exec_sandbox_floor``): ``tools.sandbox.run.run`` of the
   same command in this process, with the slot's layout and exec's limits: what the
@@ -29,7 +29,6 @@ import contextlib
 import itertools
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from bench.stats import (
     Floor,
     Goal,
     Run,
-    alternate,
+    alternate_reps,
     cost_ratio,
     floor_figure,
     not_measured,
@@ -165,14 +164,16 @@ def figure(ctx: Context, reps: int, n: int) -> tuple[list[Figure], list[str]]:
         # Call by call (A B C D, D C B A, ...), not block by block: a run costs a few
         # milliseconds, and a block of one arm can meet a slow second of the host (a
         # sync queued behind another, a cgroup's teardown) that its pair's never sees.
-        ops: dict[str, Callable[[int], object]] = {
-            "subject": exec_call,
-            "bare": bare_run,
-            "sandbox": sandbox_run,
-            "floor_call": floor_call,
-        }
-        per_rep = [alternate(n, ops) for _ in range(reps)]
-        runs = {name: [rep[name] for rep in per_rep] for name in ops}
+        runs = alternate_reps(
+            reps,
+            n,
+            {
+                "subject": exec_call,
+                "bare": bare_run,
+                "sandbox": sandbox_run,
+                "floor_call": floor_call,
+            },
+        )
     ratio, low, high = cost_ratio(runs["subject"], runs["bare"])
     found = Figure(
         name=NAME,

@@ -18,8 +18,9 @@ Floor: the same request through a proxy that does nothing else (``bench.noop_pro
 the raw body forwarded by a kept-alive async httpx client, on the same web stack): the
 least any gateway in front of the endpoint costs here.
 
-The three arms are called in turn, one call of each at a time (``bench.stats.alternate``),
-so every call of one arm sits beside one of each other arm in the same second.
+The three arms are called in turn, one call of each at a time
+(``bench.stats.alternate_reps``), so every call of one arm sits beside one of each
+other arm in the same second.
 
 Goal: at most 1.2x the direct call, at p50 and at p99 (measured, not asserted).
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Callable
 
 import httpx
 import redis
@@ -40,7 +40,7 @@ from bench.stats import (
     Floor,
     Goal,
     Run,
-    alternate,
+    alternate_reps,
     percentile,
     summarize,
     timed,
@@ -128,13 +128,15 @@ def run(ctx: Context) -> BenchResult:
         # Call by call (A B C, C B A, ...), not block by block: a p99 of a few hundred
         # calls is decided by a handful of slow ones, and a block of one arm can meet a
         # slow second of the host that its pair's block never sees.
-        arms: dict[str, Callable[[int], object]] = {
-            "subject": lambda _: call(gateway_url, auth),
-            "baseline": lambda _: call(direct_url),
-            "floor": lambda _: call(floor_url),
-        }
-        per_rep = [alternate(n, arms) for _ in range(reps)]
-        runs = {name: [rep[name] for rep in per_rep] for name in arms}
+        runs = alternate_reps(
+            reps,
+            n,
+            {
+                "subject": lambda _: call(gateway_url, auth),
+                "baseline": lambda _: call(direct_url),
+                "floor": lambda _: call(floor_url),
+            },
+        )
         for q in (50, 99):
             ratio, low, high = _ratios(runs["subject"], runs["baseline"], q)
             at_floor, f_low, f_high = _ratios(runs["subject"], runs["floor"], q)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,6 +97,15 @@ def alternate(n: int, ops: dict[str, Callable[[int], object]]) -> dict[str, Run]
             ops[name](i)
             durations[name].append(time.perf_counter() - start)
     return {name: Run(tuple(d), sum(d), n) for name, d in durations.items()}
+
+
+def alternate_reps(
+    reps: int, n: int, ops: Mapping[str, Callable[[int], object]]
+) -> dict[str, list[Run]]:
+    """``reps`` repetitions of :func:`alternate` (``n`` rounds each): per arm, one
+    :class:`Run` a repetition, as :func:`interleave` gives them."""
+    per_rep = [alternate(n, dict(ops)) for _ in range(reps)]
+    return {name: [rep[name] for rep in per_rep] for name in ops}
 
 
 def summarize(runs: Sequence[Run]) -> dict[str, float]:

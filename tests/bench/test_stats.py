@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.stats import Run, alternate, cost_ratio, interleave, timed
+from bench.stats import Run, alternate, alternate_reps, cost_ratio, interleave, timed
 
 
 def test_alternate_calls_the_arms_in_turn_flipping_the_order_each_round() -> None:
@@ -24,6 +24,16 @@ def test_alternate_times_each_arm_apart() -> None:
     runs = alternate(6, {"heavy": lambda _: sum(range(200_000)), "light": lambda _: sum(range(10))})
     ratio, low, _high = cost_ratio([runs["heavy"]], [runs["light"]])
     assert ratio == low and ratio > 1.0
+
+
+def test_alternate_reps_gives_one_run_per_arm_per_repetition() -> None:
+    """Each repetition is its own alternation; the runs come per arm, as interleave's."""
+    calls: list[str] = []
+    arms = {"a": lambda _: calls.append("a"), "b": lambda _: calls.append("b")}
+    runs = alternate_reps(3, 2, arms)
+    assert calls == ["a", "b", "b", "a"] * 3
+    assert list(runs) == ["a", "b"]
+    assert all(len(arm) == 3 and all(run.ops == 2 for run in arm) for arm in runs.values())
 
 
 def test_interleave_rotates_the_block_order() -> None:
