@@ -34,6 +34,7 @@ class Forwarder(Protocol):
 
 
 _DONE_TAIL = wire.SSE_DONE.rstrip()  # b"data: [DONE]"
+_DONE_KEPT = len(_DONE_TAIL) + 4  # with the longest blank line after it, b"\r\n\r\n"
 
 
 def _ends_with_done(tail: bytes) -> bool:
@@ -117,7 +118,7 @@ class Flight:
             try:
                 async for piece in response.aiter_raw():
                     yield piece
-                    tail = (tail + piece)[-len(_DONE_TAIL) - 8 :]
+                    tail = (tail + piece)[-_DONE_KEPT:]
                     if _ends_with_done(tail):
                         self.outcome = "streamed"
                 self.outcome = "streamed"

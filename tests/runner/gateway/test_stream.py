@@ -87,7 +87,7 @@ def test_a_caller_that_hangs_up_at_done_has_had_its_whole_stream(
     finally:
         server.endpoint.release_stream_ends()
     gateway.wait_for(lambda g: g["outcomes"]["streamed"] == 1 and g["leases_held"] == 0)
-    assert gateway.stats()["gateway"]["outcomes"]["client_gone"] == 0
+    assert gateway.outcomes()["client_gone"] == 0
     stats = desk_stats(gateway.redis, run, 1)
     assert stats["in_flight"] == 0 and stats["committed"] == 1 and stats["released"] == 1
 

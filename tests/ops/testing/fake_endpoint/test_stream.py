@@ -150,18 +150,18 @@ def test_close_ends_a_paused_stream(start: Any) -> None:
     assert not reader.is_alive()
 
 
-def stream_post(server: FakeEndpointServer) -> httpx.Response:
-    base = f"http://127.0.0.1:{server.port}/v1/chat/completions"
-    return httpx.post(base, json={"model": "fake-model", "messages": HI, "stream": True})
+STREAM = {"model": "fake-model", "messages": HI, "stream": True}
+
+
+def completions(server: FakeEndpointServer) -> str:
+    return f"http://127.0.0.1:{server.port}/v1/chat/completions"
 
 
 def read_until_broken(server: FakeEndpointServer) -> bytes:
     """A stream's bytes up to where its connection was dropped (it must be dropped)."""
-    base = f"http://127.0.0.1:{server.port}/v1/chat/completions"
-    body = {"model": "fake-model", "messages": HI, "stream": True}
     got = b""
     with (
-        httpx.stream("POST", base, json=body) as reply,
+        httpx.stream("POST", completions(server), json=STREAM) as reply,
         pytest.raises(httpx.RemoteProtocolError),
     ):
         for piece in reply.iter_raw():
@@ -179,7 +179,7 @@ def test_a_broken_stream_stops_after_its_events_without_an_end_of_body(start: An
     server.endpoint.break_streams(after_events=10**6)  # every event, then no end
     assert read_until_broken(server).endswith(wire.SSE_DONE)
     server.endpoint.mend_streams()
-    assert stream_post(server).content.endswith(wire.SSE_DONE)
+    assert httpx.post(completions(server), json=STREAM).content.endswith(wire.SSE_DONE)
     with pytest.raises(ValueError, match="after_events"):
         server.endpoint.break_streams(after_events=-1)
 
@@ -189,10 +189,8 @@ def test_a_held_stream_end_comes_after_its_done_on_release(start: Any) -> None:
     body waits for ``release_stream_ends``."""
     server, _ = start(echo_text="one two")
     server.endpoint.hold_stream_ends()
-    base = f"http://127.0.0.1:{server.port}/v1/chat/completions"
-    body = {"model": "fake-model", "messages": HI, "stream": True}
     got = b""
-    with httpx.stream("POST", base, json=body) as reply:
+    with httpx.stream("POST", completions(server), json=STREAM) as reply:
         pieces = reply.iter_raw()
         while not got.endswith(wire.SSE_DONE):
             got += next(pieces)
