@@ -110,7 +110,13 @@ def bwrap_argv(
     argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL"]
     if network:
         argv.append("--share-net")
-    argv += ["--die-with-parent", "--new-session", "--tmpfs", "/"]
+    # No --new-session: bwrap calls setsid() before it forks its init (pid 1 inside),
+    # which would take that init out of the process group the kill without a cgroup
+    # signals and waits for (tools/sandbox/process.py), and only the init's death takes
+    # the rest of the PID namespace down. Every launcher starts bwrap in a new session
+    # of its own (start_new_session), so nothing inside has a controlling terminal to
+    # push input into (the TIOCSTI escape --new-session guards against).
+    argv += ["--die-with-parent", "--tmpfs", "/"]
     for name, target in sorted(root_entries.items()):
         if name in _SKIPPED_ROOT:
             continue

@@ -121,6 +121,26 @@ def test_the_pid_namespace_alone_ends_them(
     assert sorted(p.name for p in work.glob("f?")) == [] and procs_with(d) == []
 
 
+def test_the_pid_namespaces_init_is_in_the_group_the_kill_waits_for(
+    homes: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a pids cgroup the kill signals the command's process group and returns
+    once it is dead; only the death of bwrap's init (pid 1 inside) takes the rest of
+    its PID namespace down, setsid leavers included. So init must be in that group:
+    seen from inside, its group's leader is outside the namespace (group 0), not init
+    itself (group 1, as a setsid of bwrap's own would make it)."""
+    from tools.sandbox import run as sandbox
+
+    monkeypatch.setattr("tools.sandbox.run.PidsCgroup.create", lambda max_pids: None)
+    monkeypatch.setattr("tools.sandbox.run.POOL.take", lambda merged: None)
+    work = new_home(homes)
+    result = sandbox.run(
+        ["bash", "-c", "cut -d' ' -f5 /proc/1/stat"], work, mode="required", merged=True
+    )
+    assert (result.mode, result.exit_code) == ("bwrap", 0)
+    assert result.stdout == "0\n"
+
+
 def test_nothing_lands_in_the_next_jobs_tree(host: Host) -> None:
     """Job A plants late writers and releases its slot; job B leases the same slot and
     prepares its tree: after every planted write was due, B's tree has none of them."""
