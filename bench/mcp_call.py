@@ -13,9 +13,13 @@ loop, to the same server. Both arms apply every call.
 Floor: what the ``mcp`` package itself adds to a call, measured on servers that do
 nothing: ``call_tool`` by the same official client to a no-op MCP server (the same
 package in the same stateless JSON mode, ``bench.noop_mcp``), against an httpx2 POST to
-the no-op HTTP server (``bench.noop_server``), both interleaved with the arms above.
-The floor is the HTTP call plus that difference, pair by pair: the least an MCP call
-of this work can cost here with this package, whatever the tool server's door does.
+the no-op HTTP server (``bench.noop_server``). The floor is the HTTP call plus that
+difference, repetition by repetition: the least an MCP call of this work can cost here
+with this package, whatever the tool server's door does.
+
+The four arms are called in turn, one call of each at a time
+(``bench.stats.alternate_reps``): the floor is built from three arms, and a block of
+one of them could meet a slow second of the host that the others' blocks never see.
 
 Goal: the MCP call costs at most 1.3x the HTTP call.
 """
@@ -40,9 +44,9 @@ from bench.stats import (
     Floor,
     Goal,
     Run,
+    alternate_reps,
     cost_ratio,
     floor_figure,
-    interleave,
     summarize,
     timed,
 )
@@ -172,13 +176,14 @@ def run(ctx: Context) -> BenchResult:
         for call in (subject_call, baseline_call, noop_mcp_call, noop_http_call):
             timed(10, call)
 
-        runs = interleave(
+        runs = alternate_reps(
             reps,
+            n,
             {
-                "subject": lambda _: timed(n, subject_call),
-                "baseline": lambda _: timed(n, baseline_call),
-                "noop_mcp": lambda _: timed(n, noop_mcp_call),
-                "noop_http": lambda _: timed(n, noop_http_call),
+                "subject": subject_call,
+                "baseline": baseline_call,
+                "noop_mcp": noop_mcp_call,
+                "noop_http": noop_http_call,
             },
         )
         floor, floor_runs = _floor(runs)
@@ -215,7 +220,8 @@ def run(ctx: Context) -> BenchResult:
             )
         )
         result.notes.append(
-            f"{reps} repetitions of {n} calls per arm, interleaved; stateless JSON mode; "
+            f"{reps} repetitions of {n} calls per arm, the arms called in turn (one call of "
+            f"each at a time); stateless JSON mode; "
             f"slot {stamp.slot_id} generation {stamp.generation}; {calls} calls in all."
         )
     return result
