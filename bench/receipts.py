@@ -43,20 +43,21 @@ CPU time of a record allows on this host.
 from __future__ import annotations
 
 import fcntl
-import multiprocessing
+import json
 import os
 import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from typing import Any
 
-from bench.fixtures import Context
+from bench.fixtures import REPO_ROOT, Context
+from bench.receipts_writer import READY, store_writer
 from bench.stats import (
     BenchResult,
     Figure,
@@ -70,7 +71,7 @@ from bench.stats import (
 )
 from runner.core import durable
 from tools.receipts.format import record_of
-from tools.receipts.store import RECEIPTS_FILE, Receipt, ReceiptStore, Status, utc_stamp
+from tools.receipts.store import RECEIPTS_FILE, Receipt, Status, utc_stamp
 
 ONE_GOAL = Goal(">=", 0.9, ">= 0.9x the raw append+fsync rate (one writer)")
 EIGHT_GOAL = Goal(">=", 3.0, ">= 3x the one-writer rate (eight concurrent slots)")
@@ -91,36 +92,6 @@ class _Dirs:
         path = self.root / f"slot-{self.count:05d}"
         path.mkdir(parents=True)
         return path
-
-
-def _store_writer(slot_dir: Path, pairs: int, tag: str, pause: float = 0.0) -> list[float]:
-    """``pairs`` begin+finish pairs; the duration of each record's call. With ``pause``,
-    the writer sleeps that long (untimed) before each record, as it waits for a device."""
-    store = ReceiptStore(slot_dir)
-    durations: list[float] = []
-    for i in range(pairs):
-        if pause:
-            time.sleep(pause)
-        start = time.perf_counter()
-        began = store.begin(
-            key=f"{tag}:k{i}",
-            job_id=f"job-{tag}",
-            attempt=1,
-            slot_id=slot_dir.name,
-            generation=7,
-            tool="write_file",
-            relpath=f"src/module_{i % 50}.py",
-            digest="0" * 64,
-            pre_digest="1" * 64,
-        )
-        mid = time.perf_counter()
-        if pause:
-            time.sleep(pause)
-            mid = time.perf_counter()
-        store.finish(began.receipt, Status.APPLIED, digest="0" * 64, result={"bytes": 120})
-        end = time.perf_counter()
-        durations += [mid - start, end - mid]
-    return durations
 
 
 def _lean_writer(slot_dir: Path, pairs: int, tag: str, model: bool = False) -> list[float]:
@@ -282,7 +253,7 @@ def _threads(
             if lean:
                 results[index] = _lean_writer(slot_dir, records // 2, tag, model)
             elif lines is None:
-                results[index] = _store_writer(slot_dir, records // 2, tag, pause)
+                results[index] = store_writer(slot_dir, records // 2, tag, pause)
             else:
                 results[index] = _raw_writer(
                     slot_dir, lines, records, dsync=dsync, protocol=protocol
@@ -309,44 +280,53 @@ def _threads(
     return Run(durations, wall, len(durations))
 
 
-def _process_writer(
-    barrier: Barrier, slot_dir: Path, pairs: int, tag: str, out: multiprocessing.SimpleQueue[Any]
-) -> None:
-    barrier.wait()
-    try:
-        out.put((tag, _store_writer(slot_dir, pairs, tag)))
-    except BaseException as exc:  # surfaced in the parent
-        out.put((tag, f"{type(exc).__name__}: {exc}"))
-
-
 def _processes(jobs: list[tuple[Path, str]], records: int) -> Run:
-    """The store writers of ``jobs`` as processes; the wall time runs from the barrier
-    every child and the parent wait on, so their interpreters start outside it.
+    """The store writers of ``jobs`` as processes (``bench.receipts_writer``); the wall
+    time runs from the start every child waits for once its imports are done, so their
+    interpreters start outside it.
 
-    Spawned, not forked: a forked ``multiprocessing`` child runs every after-fork handler
-    of the parent's libraries, and kombu's closes pooled broker connections, which hangs
-    on one waiting in ``BRPOP`` (CHANGELOG, the detector's reader). The bench process uses
-    Celery in other benchmarks; this arm must not depend on running before them."""
-    mp = multiprocessing.get_context("spawn")
-    barrier = mp.Barrier(len(jobs) + 1)
-    out: multiprocessing.SimpleQueue[Any] = mp.SimpleQueue()
-    children = [
-        mp.Process(target=_process_writer, args=(barrier, d, records // 2, t, out), daemon=True)
-        for d, t in jobs
-    ]
-    for child in children:
-        child.start()
-    barrier.wait()
-    start = time.perf_counter()
-    results = [out.get() for _ in children]
-    wall = time.perf_counter() - start
-    for child in children:
-        child.join()
-    failed = [r for _, r in results if isinstance(r, str)]
-    if failed:
-        raise RuntimeError(f"a store writer process failed: {failed[0]}")
-    durations = tuple(d for _, per in results for d in per)
-    return Run(durations, wall, len(durations))
+    Fresh interpreters, not ``multiprocessing`` children: a forked one runs every
+    after-fork handler of the parent's libraries (kombu's closes pooled broker
+    connections, which hangs on one waiting in ``BRPOP``: CHANGELOG, the detector's
+    reader), and a spawned one imports the parent's main module, ``bench.run``, with
+    every benchmark's libraries."""
+    children: list[subprocess.Popen[str]] = []
+    try:
+        for slot_dir, tag in jobs:
+            argv = ["-m", "bench.receipts_writer", str(slot_dir), str(records // 2), tag]
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, *argv],
+                    cwd=REPO_ROOT,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for child in children:
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != READY:
+                child.kill()
+                raise RuntimeError(f"a store writer process failed: {child.communicate()[1]}")
+        start = time.perf_counter()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        replies = [child.communicate() for child in children]
+        wall = time.perf_counter() - start
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    durations: list[float] = []
+    for child, (out, err) in zip(children, replies, strict=True):
+        if child.returncode != 0:
+            raise RuntimeError(f"a store writer process failed: {err.strip()}")
+        durations += json.loads(out)
+    return Run(tuple(durations), wall, len(durations))
 
 
 def run(ctx: Context) -> BenchResult:
@@ -358,7 +338,7 @@ def run(ctx: Context) -> BenchResult:
 
     # A warm-up run of the store gives the sizes of its lines for the raw arm.
     sample = dirs.new()
-    _store_writer(sample, 50, "warm")
+    store_writer(sample, 50, "warm")
     lines = (sample / RECEIPTS_FILE).read_bytes().splitlines(keepends=True)
     runs_made = 0
     # The floors use the store's own primitive: an RWF_DSYNC write per record where the

@@ -34,3 +34,17 @@ def test_the_process_arm_runs_no_after_fork_handler_of_the_bench_process(tmp_pat
     assert run.ops == 40  # two writers, ten begin+finish pairs each: 40 records
     for slot_dir, _ in jobs:
         assert (slot_dir / "receipts.jsonl").read_bytes().count(b"\n") == 20
+
+
+@pytest.mark.timeout(120)
+def test_a_writer_process_that_fails_names_its_error(tmp_path: Path) -> None:
+    """A writer whose slot directory does not exist fails the arm with the store's own
+    error on one line, and no writer is left running."""
+    good = tmp_path / "slot-0"
+    good.mkdir()
+    with pytest.raises(
+        RuntimeError, match=r"store writer process failed: FileNotFoundError: .*slot-1"
+    ):
+        _processes([(good, "w0"), (tmp_path / "slot-1", "w1")], 20)
+    # The writer that did start wrote its pairs and ended: nothing is left waiting.
+    assert (good / "receipts.jsonl").read_bytes().count(b"\n") == 20
