@@ -7,9 +7,7 @@ Also a process of its own for the ``receipts.eight_processes`` arm::
 It imports the store and nothing else of the benchmark suite, prints ``ready``, waits
 for a line on its stdin (the start every writer is released by at once), writes
 ``PAIRS`` begin+finish pairs and prints the duration of each record's call as one JSON
-list. A ``multiprocessing`` spawned child imported the parent's main module,
-``bench.run``, and with it every benchmark and its libraries: eight of them took
-longer to start than the arm took to run.
+list. Why a fresh interpreter: ``bench.receipts._processes``.
 """
 
 from __future__ import annotations
