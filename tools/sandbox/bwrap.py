@@ -7,6 +7,7 @@ unreachable.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -37,7 +38,8 @@ def find_bwrap(path_env: str | None = None) -> str | None:
 
 _PROBE = """\
 import json, socket, sys
-port, targets, report = int(sys.argv[1]), sys.argv[2:], {"escaped": []}
+port, nonce, targets = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+report = {"escaped": []}
 with open("probe-ok", "w") as f:
     f.write("ok")
 for target in targets:
@@ -51,10 +53,16 @@ s.settimeout(2)
 try:
     s.connect(("127.0.0.1", port))
     report["net"] = "connected"
+    s.sendall(nonce.encode())
 except OSError as e:
-    report["net"] = "unreachable: %s" % e
+    report.setdefault("net", "unreachable: %s" % e)
+    report["errno"] = e.errno
 print(json.dumps(report))
 """
+
+# How a connect from a network namespace of its own ends. Anything else, a timeout
+# included, is not proof the host's loopback is out of reach: the self-test fails closed.
+_CUT_OFF = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH})
 
 _SELF_TESTS: dict[str, SelfTest] = {}
 _SELF_TEST_LOCK = threading.Lock()
@@ -78,16 +86,16 @@ def self_test(bwrap: str | None = None) -> SelfTest:
 
 def _probe(bwrap: str) -> SelfTest:
     """Confinement checked from the host's side: the host must be unchanged after."""
-    marker = f".slotrunner-probe-{uuid.uuid4().hex}"
+    marker, nonce = f".slotrunner-probe-{uuid.uuid4().hex}", uuid.uuid4().hex
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as listener:
         base, work = Path(tmp), Path(tmp) / "work"
         work.mkdir()
         listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
+        listener.listen(64)
         listener.setblocking(False)
         targets = [Path("/") / marker, base / marker, Path(tempfile.gettempdir()) / marker]
         python = os.path.realpath(sys.executable)
-        argv = [python, "-I", "-S", "-c", _PROBE, str(listener.getsockname()[1])]
+        argv = [python, "-I", "-S", "-c", _PROBE, str(listener.getsockname()[1]), nonce]
         argv += [str(t) for t in targets]
         expose = [Path(sys.base_prefix), Path(python).parent]
         command = bwrap_argv(bwrap, work, root_entries(), [base], expose) + argv
@@ -99,11 +107,7 @@ def _probe(bwrap: str) -> SelfTest:
         escaped = [str(t) for t in targets if t.exists()]
         for path in escaped:
             Path(path).unlink(missing_ok=True)
-        try:
-            listener.accept()[0].close()
-            reached = True
-        except BlockingIOError:
-            reached = False
+        reached = _nonce_arrived(listener, nonce)
         stderr = outcome.stderr.decode("utf-8", "replace").strip()[-500:]
         if outcome.returncode != 0 or not (work / "probe-ok").exists():
             detail = f"bwrap at {bwrap} failed its self-test (exit {outcome.returncode}): "
@@ -111,9 +115,34 @@ def _probe(bwrap: str) -> SelfTest:
         if escaped:
             return SelfTest(False, f"bwrap at {bwrap} let a write escape: {escaped}", bwrap)
         try:
-            net = json.loads(outcome.stdout)["net"]
+            report = json.loads(outcome.stdout)
+            net, err = str(report["net"]), report.get("errno")
         except (ValueError, KeyError, TypeError):
-            net = "unreported"
-        if reached or not str(net).startswith("unreachable"):
-            return SelfTest(False, f"bwrap at {bwrap} left the network reachable", bwrap)
+            net, err = "unreported", None
+        if reached or err not in _CUT_OFF:
+            how = "its probe reached a host port" if reached else f"its probe's connect: {net}"
+            return SelfTest(False, f"bwrap at {bwrap} left the network reachable ({how})", bwrap)
     return SelfTest(True, f"bwrap at {bwrap} confines writes and network", bwrap)
+
+
+def _nonce_arrived(listener: socket.socket, nonce: str) -> bool:
+    """Whether a connection waiting on ``listener`` carries the probe's ``nonce``.
+
+    Any process on the host may connect to the listener's loopback port while the probe
+    runs (a client retrying a port it believes closed, a scanner). Only the probe knows
+    the nonce, so only its connection can fail the self-test: a stray one must not turn
+    a confining bwrap into "sandbox unavailable" for the life of the process.
+    """
+    expected = nonce.encode()
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return False
+        with conn:
+            conn.setblocking(False)  # the probe has exited: what it sent is already here
+            try:
+                if conn.recv(len(expected) + 1) == expected:
+                    return True
+            except OSError:
+                continue

@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import uuid
@@ -358,6 +359,76 @@ def test_a_broken_bwrap_fails_the_self_test(tmp_path: Path) -> None:
     test = sandbox.self_test(str(fake))
     assert not test.ok
     assert "No permissions" in test.detail
+
+
+# A bwrap in front of the real one, for the self-test's network check: {before} runs on
+# the host with the probe's port and nonce, then the real bwrap runs with {args}.
+_WRAPPER = """\
+#!{python}
+import socket, subprocess, sys
+args = sys.argv[1:]
+at = args.index("-c", args.index("--"))
+port, nonce = int(args[at + 2]), args[at + 3]
+held = []
+{before}
+sys.exit(subprocess.run([{real!r}, *{args}]).returncode)
+"""
+
+
+def _wrapped_bwrap(tmp_path: Path, before: str, args: str = "args") -> str:
+    real = sandbox.find_bwrap()
+    assert real is not None
+    fake = tmp_path / "bwrap"
+    fake.write_text(_WRAPPER.format(python=sys.executable, real=real, before=before, args=args))
+    fake.chmod(0o755)
+    return str(fake)
+
+
+_SHARE_NET = '[args[0], "--share-net", *args[1:]]'  # bwrap: keep the host's network
+
+
+def test_a_stray_connection_to_the_probe_port_does_not_fail_the_self_test(
+    tmp_path: Path,
+) -> None:
+    """Another host process connecting to the probe's loopback port (a client retrying a
+    port it thinks closed) is not the sandbox reaching the network: the real bwrap still
+    passes, instead of being cached as unavailable for the life of the process."""
+    stray = 'held.append(socket.create_connection(("127.0.0.1", port)))\n'
+    stray += 'held[0].sendall(b"*1\\r\\n$4\\r\\nPING\\r\\n")'
+    test = sandbox.self_test(_wrapped_bwrap(tmp_path, stray))
+    assert test.ok, test.detail
+
+
+@pytest.mark.parametrize(
+    ("forge", "detail"),
+    [
+        ("", "(its probe reached a host port)"),
+        ("args[at + 3] = 'f' * 32", "(its probe's connect: connected)"),
+    ],
+)
+def test_a_bwrap_that_keeps_the_network_fails_on_either_check(
+    tmp_path: Path, forge: str, detail: str
+) -> None:
+    """The real bwrap told to keep the host's network: the host sees the probe's nonce
+    arrive, and when the nonce is forged the probe's own report still fails it."""
+    test = sandbox.self_test(_wrapped_bwrap(tmp_path, forge, _SHARE_NET))
+    assert not test.ok
+    assert test.detail.endswith("left the network reachable " + detail), test.detail
+
+
+def test_a_probe_connect_that_times_out_fails_closed(tmp_path: Path) -> None:
+    """A connect that neither lands nor is refused proves nothing: with the host's network
+    kept and the probe's listener queue filled from the host, the probe's connect times
+    out and the self-test fails rather than reading the timeout as "unreachable"."""
+    fill = "for _ in range(200):\n"
+    fill += "    c = socket.socket()\n    c.setblocking(False)\n"
+    fill += '    c.connect_ex(("127.0.0.1", port))\n    held.append(c)\n'
+    fill += "import time; time.sleep(0.2)"
+    test = sandbox.self_test(_wrapped_bwrap(tmp_path, fill, _SHARE_NET))
+    assert not test.ok
+    assert "left the network reachable (its probe's connect: unreachable: timed out)" in (
+        test.detail
+    ), test.detail
 
 
 def test_bad_input_is_refused_clearly(host: Host) -> None:
