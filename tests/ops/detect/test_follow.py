@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from ops.page import PageError, Pager
 from runner.core.poll import PollTimeout, poll_until
 from runner.redis_server import EmbeddedRedis
 from tests.support.detectlog import lease_line, result_line
+from tests.support.ports import refusing_port
 from tests.support.repos import REPO
 
 
@@ -378,14 +378,12 @@ def test_pager_retries_5xx_and_delivers_once(tmp_path: Path) -> None:
 
 def test_pager_keeps_alerts_while_the_receiver_is_down_and_across_restarts(tmp_path: Path) -> None:
     """Receiver down: PageError, the alert stays queued on disk and goes out once it is up."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url, state = f"http://127.0.0.1:{port}/api/v2/alerts", tmp_path / "state"
-    pager = Pager(url, state, attempts=3, timeout_s=5.0, wait_max_s=0.2)
-    with pytest.raises(PageError, match="could not page"):
-        pager.page([_incident()])
-    pager.close()
+    with refusing_port() as port:  # held until the receiver takes it
+        url, state = f"http://127.0.0.1:{port}/api/v2/alerts", tmp_path / "state"
+        pager = Pager(url, state, attempts=3, timeout_s=5.0, wait_max_s=0.2)
+        with pytest.raises(PageError, match="could not page"):
+            pager.page([_incident()])
+        pager.close()
     receiver = Receiver(port=port)
     try:
         pager = Pager(url, state)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +33,7 @@ from ops.testing.harness.stats import (
     summarize,
 )
 from runner.cli.main import main as slotrunner
+from tests.support.ports import refusing_port
 
 # --- pure: percentiles, series, knee, validity ----------------------------------------------
 
@@ -349,12 +349,6 @@ def test_a_slow_tail_shows_in_the_service_clock_not_smeared() -> None:
 # --- the command's refusals -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -372,7 +366,8 @@ def test_bad_input_is_one_clear_line(
     endpoint: tuple[FakeEndpointServer, str], args: list[str], message: str
 ) -> None:
     """Unreachable, wrong path, or incoherent flags: exit 2, the problem named, no traceback."""
-    argv = [a.format(base=endpoint[1], free=_free_port()) for a in args]
-    result = CliRunner().invoke(slotrunner, ["harness", "sweep", "--prompts", "2", *argv])
+    with refusing_port() as free:
+        argv = [a.format(base=endpoint[1], free=free) for a in args]
+        result = CliRunner().invoke(slotrunner, ["harness", "sweep", "--prompts", "2", *argv])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output

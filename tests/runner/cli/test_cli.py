@@ -19,6 +19,7 @@ from runner.cli.errors import EXIT_ERROR, EXIT_INTERNAL
 from runner.cli.main import main
 from runner.core import keys
 from runner.core.settings import Settings
+from tests.support.ports import refusing_port
 
 REPO = Path(__file__).resolve().parents[3]
 USAGE = 2  # click's exit code for a usage error, kept as click has it
@@ -62,11 +63,9 @@ def env(settings: Settings) -> dict[str, str]:
 
 @pytest.fixture
 def closed_port() -> Iterator[int]:
-    """A loopback port nothing listens on: bound, then closed, so a connect is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    yield port
+    """A loopback port nothing listens on, held for the test: a connect is refused."""
+    with refusing_port() as port:
+        yield port
 
 
 def run(env: dict[str, str], *args: str) -> Result:

@@ -35,6 +35,7 @@ from runner.core.settings import Settings
 from runner.jobs.models import JobResult
 from tests.support.detectlog import result_line
 from tests.support.fuzz import HOSTILE, STRINGS, fuzz_settings, stderr_lines
+from tests.support.ports import refusing_port
 
 DOCUMENTED = {0, 1, 2, 3}
 # Flags after which a verb runs until stopped: never generated.
@@ -251,12 +252,9 @@ def corpus(tmp_path: Path) -> Iterator[Corpus]:
     webhook = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
     threading.Thread(target=webhook.serve_forever, daemon=True).start()
     try:
-        with socket.socket() as busy, socket.socket() as gone:
+        with socket.socket() as busy, refusing_port() as closed:
             busy.bind(("127.0.0.1", 0))
             busy.listen()
-            gone.bind(("127.0.0.1", 0))
-            closed = gone.getsockname()[1]
-            gone.close()
             url = f"http://127.0.0.1:{webhook.server_address[1]}/api/v2/alerts"
             yield Corpus(root, busy.getsockname()[1], closed, url)
     finally:

@@ -14,6 +14,7 @@ from ops.testing.stack import Child, free_port, slotrunner_argv, wait_http
 from runner.cli.main import main
 from runner.core.settings import Settings
 from tests.support.gateway import client, new_run, upstream
+from tests.support.ports import refusing_port
 from tests.support.toolserver import child_env
 
 
@@ -57,10 +58,8 @@ def test_a_port_in_use_is_one_line(settings: Settings) -> None:
 
 
 def test_an_unreachable_redis_is_one_line(settings: Settings) -> None:
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    line = error_line(run(settings, "--port", "0", REDIS_URL=f"redis://127.0.0.1:{port}/0"))
+    with refusing_port() as port:
+        line = error_line(run(settings, "--port", "0", REDIS_URL=f"redis://127.0.0.1:{port}/0"))
     assert line.startswith("error: Redis: ")
 
 

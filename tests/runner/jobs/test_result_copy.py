@@ -6,7 +6,6 @@ These tests restart their own embedded Redis with no data, never the session one
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from runner.jobs.models import JobResult
 from runner.jobs.results import finish, load_result
 from runner.redis_server import EmbeddedRedis
 from runner.worker.liveness import Claimed, Finished, Liveness
+from tests.support.ports import refusing_port
 
 JOB = "job-kept"
 
@@ -202,16 +202,14 @@ def test_the_republish_verb_exits_1_naming_an_unreadable_copy(
 
 
 def test_the_republish_verb_without_redis_is_one_error_line(settings: Settings) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    gone = Settings.from_env(
-        {"SLOTRUNNER_HOME": str(settings.home), "REDIS_URL": f"redis://127.0.0.1:{port}/0"}
-    )
     result_copy.keep(
         settings.home, JobResult(job_id=JOB, state="succeeded", attempt=1, final_tree="t")
     )
-    shown = _cli(gone)
+    with refusing_port() as port:
+        gone = Settings.from_env(
+            {"SLOTRUNNER_HOME": str(settings.home), "REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        )
+        shown = _cli(gone)
     assert shown.exit_code == 2, shown.output
     lines = [line for line in shown.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), shown.stderr

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from runner.core.stamp import SlotState, read_stamp, write_stamp
 from runner.jobs import events as job_events
 from runner.slots.host_beat import HostBeat
 from runner.slots.pool import SlotPool
+from tests.support.ports import refusing_port
 
 
 def host(tmp_path: Path, redis_url: str, name: str) -> Settings:
@@ -110,11 +111,9 @@ def test_the_pool_shows_every_hosts_slots_and_marks_a_host_whose_beat_stopped(
 
 
 @pytest.fixture
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+def closed_port() -> Iterator[int]:
+    with refusing_port() as port:
+        yield port
 
 
 def test_a_view_redis_refuses_never_fails_a_release_and_the_next_beat_heals_it(
