@@ -1,8 +1,8 @@
 """The host's bubblewrap: where it is, the host root it re-binds, and proof it confines.
 
 :func:`self_test` runs a probe under the bwrap found, once per process and bwrap
-path, and checks from the host's side that no write escaped and the network stayed
-unreachable.
+path (a failure again after a while), and checks from the host's side that no write
+escaped and the network stayed unreachable.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -64,7 +65,12 @@ print(json.dumps(report))
 # included, is not proof the host's loopback is out of reach: the self-test fails closed.
 _CUT_OFF = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH})
 
-_SELF_TESTS: dict[str, SelfTest] = {}
+# A failed self-test is probed again once this old: a blip (a host under load past
+# the probe's wall clock, a fork refused) must not leave a server refusing every exec
+# until it restarts. A passed one is kept for the life of the process.
+RETEST_FAILED_AFTER_S = 30.0
+
+_SELF_TESTS: dict[str, tuple[SelfTest, float]] = {}
 _SELF_TEST_LOCK = threading.Lock()
 
 
@@ -74,14 +80,18 @@ def missing() -> SelfTest:
 
 
 def self_test(bwrap: str | None = None) -> SelfTest:
-    """Check once per process and bwrap path that confinement really holds."""
+    """Check once per process and bwrap path that confinement really holds (a failure
+    again once it is :data:`RETEST_FAILED_AFTER_S` old)."""
     bwrap = bwrap or find_bwrap()
     if bwrap is None:
         return missing()
     with _SELF_TEST_LOCK:
-        if bwrap not in _SELF_TESTS:
-            _SELF_TESTS[bwrap] = _probe(bwrap)
-        return _SELF_TESTS[bwrap]
+        cached = _SELF_TESTS.get(bwrap)
+        if cached is None or (
+            not cached[0].ok and time.monotonic() - cached[1] >= RETEST_FAILED_AFTER_S
+        ):
+            _SELF_TESTS[bwrap] = (_probe(bwrap), time.monotonic())
+        return _SELF_TESTS[bwrap][0]
 
 
 def _probe(bwrap: str) -> SelfTest:

@@ -21,6 +21,7 @@ import pytest
 
 from tools.errors import ToolError
 from tools.reasons import Reason
+from tools.sandbox import bwrap as bwrap_module
 from tools.sandbox import run as sandbox
 from tools.sandbox.run import Limits, SandboxResult, SandboxUnavailable, SelfTest
 
@@ -429,6 +430,26 @@ def test_a_probe_connect_that_times_out_fails_closed(tmp_path: Path) -> None:
     assert "left the network reachable (its probe's connect: unreachable: timed out)" in (
         test.detail
     ), test.detail
+
+
+def test_a_failed_self_test_is_probed_again_after_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bwrap that fails once (a blip) and then confines: the failure is kept while it
+    is young, probed again once it is old enough, and the pass is then kept for good."""
+    runs = tmp_path / "runs"
+    blip = f"with open({str(runs)!r}, 'a') as f:\n    f.write('x')\n"
+    blip += f"if open({str(runs)!r}).read() == 'x':\n"
+    blip += "    print('bwrap: blip', file=sys.stderr)\n    sys.exit(1)"
+    fake = _wrapped_bwrap(tmp_path, blip)
+    first = sandbox.self_test(fake)
+    assert not first.ok and "blip" in first.detail
+    assert sandbox.self_test(fake) is first  # younger than RETEST_FAILED_AFTER_S
+    monkeypatch.setattr(bwrap_module, "RETEST_FAILED_AFTER_S", 0.0)
+    second = sandbox.self_test(fake)
+    assert second.ok, second.detail
+    assert sandbox.self_test(fake) is second
+    assert runs.read_text() == "xx"
 
 
 def test_bad_input_is_refused_clearly(host: Host) -> None:
