@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import shutil
+import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,55 @@ def steal_share(start: list[int] | None, end: list[int] | None) -> float | None:
         return None
     total = sum(end) - sum(start)
     return round((end[7] - start[7]) / total, 4) if total > 0 else None
+
+
+class _FixedWork:
+    """The same few µs of interpreter work each call, over a working set the size of a
+    small service's: 300 tuples read at scattered places among 20,000."""
+
+    def __init__(self) -> None:
+        self.rows = [(i, str(i)) for i in range(20_000)]
+        self.picks = random.Random(0).sample(range(len(self.rows)), 300)
+
+    def __call__(self) -> int:
+        return sum(self.rows[i][0] for i in self.picks)
+
+
+def _median_us(work: _FixedWork, rounds: int, before: Callable[[], object]) -> float:
+    times = []
+    for _ in range(rounds):
+        before()
+        start = time.perf_counter_ns()
+        work()
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1000
+
+
+def cpu_after_sync(directory: Path, rounds: int = 300) -> dict[str, float]:
+    """How much slower this host runs Python on a CPU just back from a synced write.
+
+    The same work (:class:`_FixedWork`) is timed in a busy loop, the CPU never idle,
+    and right after each of ``rounds`` small writes synced to a file in ``directory``
+    (``RWF_DSYNC``, the receipt store's primitive), during which the CPU went idle.
+    Medians in µs, and their ratio. Hosts differ here by 2-3x, and the figures whose
+    Python runs between syncs (``receipts.one_writer``, ``receipts.eight_slots``) move
+    with it: this is the fact that lets two runs' figures be set side by side.
+    """
+    work = _FixedWork()
+    _median_us(work, 50, lambda: None)  # warm-up: the first calls pay for the rows' pages
+    busy_us = _median_us(work, rounds, lambda: None)
+    path = directory / "cpu-after-sync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        after_us = _median_us(work, rounds, lambda: os.pwritev(fd, (b"x" * 64,), -1, os.RWF_DSYNC))
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return {
+        "busy_us": round(busy_us, 2),
+        "after_sync_us": round(after_us, 2),
+        "ratio": round(after_us / busy_us, 2),
+    }
 
 
 def _mem_total_mb() -> float | None:

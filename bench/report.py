@@ -148,6 +148,17 @@ def _curve_rows(points: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
+def _after_sync(machine: dict[str, Any]) -> str:
+    """The host's CPU-after-sync probe (``bench.machine.cpu_after_sync``), or "-"."""
+    probe = machine.get("cpu_after_sync")
+    if not probe:
+        return "-"
+    return (
+        f"{probe['busy_us']} / {probe['after_sync_us']} µs (median; {probe['ratio']}x): "
+        "the receipts figures' Python runs between syncs and moves with this ratio"
+    )
+
+
 def render(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     out = [
@@ -175,6 +186,7 @@ def render(doc: dict[str, Any]) -> str:
         f"| load average (1, 5, 15 min) at start | {_load(m.get('loadavg_at_start'))} |",
         f"| load average at end | {_load(m.get('loadavg_at_end'))} |",
         f"| CPU stolen by the hypervisor during the run | {_share(m.get('cpu_steal_share'))} |",
+        f"| the same Python work, CPU busy / just after a synced write | {_after_sync(m)} |",
         "",
         "## Goals",
         "",

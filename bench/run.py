@@ -40,7 +40,7 @@ from bench import (
     sandbox_start,
 )
 from bench.fixtures import REPO_ROOT, Context
-from bench.machine import cpu_ticks, describe, steal_share
+from bench.machine import cpu_after_sync, cpu_ticks, describe, steal_share
 from bench.report import render
 from bench.stats import BenchError, BenchResult
 from runner.redis_server import EmbeddedRedis
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="slotrunner-bench-"))
     machine = describe()
+    machine["cpu_after_sync"] = cpu_after_sync(scratch)
     _log(f"running {', '.join(names)} ({'quick' if args.quick else 'full'}) in {scratch}")
     redis_server = EmbeddedRedis(scratch / "redis-home")
     results: list[BenchResult] = []

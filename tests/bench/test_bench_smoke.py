@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.machine import steal_share
+from bench.machine import cpu_after_sync, steal_share
 from tests.bench.smoke import REPO, quick_run
 
 # Every figure whose speed goal may be out of reach -> the figure its floor is measured
@@ -52,6 +52,8 @@ def test_quick_run_reports_numeric_ratios_and_floors(tmp_path: Path) -> None:
     assert "## Machine" in text and "pipeline.write_file" in text
     assert isinstance(doc["machine"]["cpu_steal_share"], float)
     assert "| CPU stolen by the hypervisor during the run |" in text
+    probe = doc["machine"]["cpu_after_sync"]
+    assert f"| {probe['busy_us']} / {probe['after_sync_us']} µs (median; " in text
     assert_floors(doc, text)
     # What a receipt record costs in CPU, beside the eight-slot figure it bounds.
     notes = doc["results"]["receipts"]["notes"]
@@ -115,3 +117,13 @@ def test_the_steal_share_is_the_hypervisors_part_of_the_hosts_cpu_time() -> None
     end = [160, 0, 70, 900, 10, 0, 5, 55]  # 200 ticks in all, 20 of them stolen
     assert steal_share(start, end) == 0.1
     assert steal_share(None, end) is None and steal_share(start, start) is None
+
+
+def test_the_cpu_after_sync_probe_times_the_same_work_both_ways(tmp_path: Path) -> None:
+    """The host probe: medians of the same work in a busy loop and after a synced write,
+    their ratio, and the probe's file gone after."""
+    probe = cpu_after_sync(tmp_path, rounds=20)
+    assert set(probe) == {"busy_us", "after_sync_us", "ratio"}
+    assert probe["busy_us"] > 0 and probe["after_sync_us"] > 0
+    assert probe["ratio"] == pytest.approx(probe["after_sync_us"] / probe["busy_us"], abs=0.01)
+    assert list(tmp_path.iterdir()) == []
