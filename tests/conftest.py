@@ -19,6 +19,7 @@ import redis
 from runner.core.settings import Settings
 from runner.redis_server import EmbeddedRedis
 from tests.support.execslots import Slots
+from tests.support.ports import refusing_port
 from tests.support.repos import make_repo
 from tests.support.toolserver import ToolServer
 
@@ -47,6 +48,13 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on, held for the test: a connect is refused."""
+    with refusing_port() as port:
+        yield port
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from runner.cli.errors import EXIT_ERROR, EXIT_INTERNAL
 from runner.cli.main import main
 from runner.core import keys
 from runner.core.settings import Settings
-from tests.support.ports import refusing_port
 
 REPO = Path(__file__).resolve().parents[3]
 USAGE = 2  # click's exit code for a usage error, kept as click has it
@@ -59,13 +57,6 @@ def env(settings: Settings) -> dict[str, str]:
         "SLOTRUNNER_SLOTS": str(settings.slots),
         "SLOTRUNNER_HOST_ID": settings.host,
     }
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port nothing listens on, held for the test: a connect is refused."""
-    with refusing_port() as port:
-        yield port
 
 
 def run(env: dict[str, str], *args: str) -> Result:

@@ -7,10 +7,8 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 from click.testing import CliRunner
 from redis.backoff import NoBackoff
@@ -24,7 +22,6 @@ from runner.core.stamp import SlotState, read_stamp, write_stamp
 from runner.jobs import events as job_events
 from runner.slots.host_beat import HostBeat
 from runner.slots.pool import SlotPool
-from tests.support.ports import refusing_port
 
 
 def host(tmp_path: Path, redis_url: str, name: str) -> Settings:
@@ -108,12 +105,6 @@ def test_the_pool_shows_every_hosts_slots_and_marks_a_host_whose_beat_stopped(
         ("S0", a.host, "job-a"),
         ("S1", a.host, "job-c"),
     ]
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    with refusing_port() as port:
-        yield port
 
 
 def test_a_view_redis_refuses_never_fails_a_release_and_the_next_beat_heals_it(

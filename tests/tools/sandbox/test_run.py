@@ -363,13 +363,14 @@ def test_a_broken_bwrap_fails_the_self_test(tmp_path: Path) -> None:
 
 
 # A bwrap in front of the real one, for the self-test's network check: {before} runs on
-# the host with the probe's port and nonce, then the real bwrap runs with {args}.
+# the host with the probe's port (its nonce is the argument after it), then the real
+# bwrap runs with {args}.
 _WRAPPER = """\
 #!{python}
 import socket, subprocess, sys
 args = sys.argv[1:]
 at = args.index("-c", args.index("--"))
-port, nonce = int(args[at + 2]), args[at + 3]
+port = int(args[at + 2])
 held = []
 {before}
 sys.exit(subprocess.run([{real!r}, *{args}]).returncode)
